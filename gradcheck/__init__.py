@@ -1,0 +1,23 @@
+"""gradcheck: do the gradients agree?
+
+Run a layer or model through gradcheck's own tape AD, PyTorch and JAX,
+compare the per-parameter gradients, and let a float64 finite-difference
+referee say which backend is wrong when they differ.
+"""
+
+from gradcheck import ops
+from gradcheck.api import gradient, withgradient
+from gradcheck.module import Module, buffer, child, param, static
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Module",
+    "buffer",
+    "child",
+    "gradient",
+    "ops",
+    "param",
+    "static",
+    "withgradient",
+]

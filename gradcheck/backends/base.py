@@ -1,0 +1,95 @@
+"""What every AD backend provides: run ``f`` on arguments, return value, gradients and buffers.
+
+A backend driver moves the numpy leaves of the arguments onto its framework
+(trainable leaves with gradients on), rebuilds the argument structure, calls
+``f``, differentiates the loss with respect to the trainable leaves only, and
+hands everything back as numpy, keyed by leaf path.  The drivers share this
+module's helpers so that leaf selection and buffer read-back are identical.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.metadata
+from dataclasses import dataclass, field
+from typing import Any
+
+from gradcheck.tree import Leaf, leaves_with_paths
+
+
+class BackendUnavailable(RuntimeError):
+    """The framework behind a backend is not installed (the message says how to install it)."""
+
+
+@dataclass
+class Evaluation:
+    """One backend's answer for one call of ``f``."""
+
+    value: Any  # what f returned, as numpy (a tuple when f returned one)
+    grads: dict[str, Any]  # path -> gradient, for every trainable leaf
+    buffers: dict[str, Any] = field(default_factory=dict)  # path -> buffer value after the call
+    leaves: list[Leaf] = field(default_factory=list)  # the input leaves, as given
+
+
+def arg_prefixes(args, prefixes=None) -> tuple[str, ...]:
+    if prefixes is None:
+        return tuple(str(i) for i in range(len(args)))
+    if len(prefixes) != len(args):
+        raise ValueError(f"{len(prefixes)} prefixes for {len(args)} arguments")
+    return tuple(prefixes)
+
+
+def all_leaves(args, prefixes) -> list[Leaf]:
+    return [leaf for a, p in zip(args, prefixes) for leaf in leaves_with_paths(a, p)]
+
+
+def split_output(out):
+    """f may return the loss alone or a tuple whose first element is the loss."""
+    return (out[0], out) if isinstance(out, tuple) else (out, out)
+
+
+def read_buffers(args, prefixes, to_numpy) -> dict[str, Any]:
+    """Buffer values after f ran (a layer updates a buffer by assigning the field)."""
+    return {leaf.path: to_numpy(leaf.value) for leaf in all_leaves(args, prefixes) if leaf.kind == "buffer"}
+
+
+def map_output(out, fn):
+    if isinstance(out, (tuple, list)):
+        return type(out)(map_output(v, fn) for v in out)
+    if isinstance(out, dict):
+        return {k: map_output(v, fn) for k, v in out.items()}
+    return fn(out) if out is not None and not isinstance(out, (bool, int, float, str)) else out
+
+
+class Backend:
+    """Base of the backend drivers; subclasses implement ``evaluate``."""
+
+    name = "?"
+    module = None  # the framework's import name
+    install_hint = ""
+
+    def available(self) -> tuple[bool, str]:
+        """(True, version) or (False, why and how to install)."""
+        if self.module is None:
+            return True, "built in"
+        try:
+            importlib.import_module(self.module)
+        except ImportError as exc:
+            return False, f"{self.module} is not installed ({exc}); {self.install_hint}"
+        return True, self.version()
+
+    def version(self) -> str:
+        if self.module is None:
+            return "built in"
+        try:
+            return importlib.metadata.version(self.module)
+        except importlib.metadata.PackageNotFoundError:
+            return "unknown"
+
+    def require(self):
+        ok, why = self.available()
+        if not ok:
+            raise BackendUnavailable(f"backend '{self.name}' is unavailable: {why}")
+
+    def evaluate(self, f, args, prefixes=None) -> Evaluation:
+        raise NotImplementedError

@@ -1,0 +1,205 @@
+"""Plain numpy forward implementations of ``gradcheck.ops``.
+
+These are the values the tape computes (each tape primitive calls its forward
+here) and what the float64 finite-difference referee evaluates.  No gradients.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from gradcheck import kernels
+
+try:  # scipy's erf is exact to float64 rounding; the fallback is exact but slow.
+    from scipy.special import erf as _erf
+except ImportError:  # pragma: no cover - exercised only without scipy
+    _erf_scalar = np.frompyfunc(math.erf, 1, 1)
+
+    def _erf(x):
+        x = np.asarray(x)
+        return _erf_scalar(x).astype(x.dtype if x.dtype.kind == "f" else np.float64)
+
+
+def to_numpy(x):
+    return np.asarray(x)
+
+
+def asarray(value, like=None, dtype=None):
+    value = np.asarray(value)
+    if dtype is None and like is not None and value.dtype.kind == "f":
+        dtype = np.asarray(like).dtype if not hasattr(like, "dtype") else like.dtype
+    return value.astype(dtype, copy=False) if dtype is not None else value
+
+
+def astype(x, dtype):
+    return np.asarray(x).astype(dtype, copy=False)
+
+
+def zeros_like(x):
+    return np.zeros_like(x)
+
+
+def stop_gradient(x):
+    return x
+
+
+add, sub, mul, div = np.add, np.subtract, np.multiply, np.true_divide
+neg, maximum, minimum, where = np.negative, np.maximum, np.minimum, np.where
+exp, expm1, log, log1p, sqrt = np.exp, np.expm1, np.log, np.log1p, np.sqrt
+abs, sin, cos, tanh = np.abs, np.sin, np.cos, np.tanh
+greater, less, equal = np.greater, np.less, np.equal
+
+
+def pow(a, b):
+    return np.power(a, b)
+
+
+def erf(x):
+    x = np.asarray(x)
+    return _erf(x).astype(x.dtype, copy=False)
+
+
+def sigmoid(x):
+    # exp(-|x|) never overflows; both branches are the same function.
+    e = np.exp(-np.abs(x))
+    return np.where(x >= 0, 1.0 / (1.0 + e), e / (1.0 + e)).astype(np.result_type(x), copy=False)
+
+
+def relu(x):
+    return np.maximum(x, 0)
+
+
+def softplus(x):
+    return np.logaddexp(0, x).astype(np.result_type(x), copy=False)
+
+
+def matmul(a, b):
+    return np.matmul(a, b)
+
+
+def einsum(subscripts, *operands):
+    return np.einsum(subscripts, *operands, optimize=len(operands) > 2)
+
+
+def sum(x, axis=None, keepdims=False):
+    return np.sum(x, axis=_axis(axis), keepdims=keepdims)
+
+
+def max(x, axis=None, keepdims=False):
+    return np.max(x, axis=_axis(axis), keepdims=keepdims)
+
+
+def min(x, axis=None, keepdims=False):
+    return np.min(x, axis=_axis(axis), keepdims=keepdims)
+
+
+def logsumexp(x, axis=None, keepdims=False):
+    axis = _axis(axis)
+    m = np.max(x, axis=axis, keepdims=True)
+    m = np.where(np.isfinite(m), m, 0)
+    out = np.log(np.sum(np.exp(x - m), axis=axis, keepdims=True)) + m
+    return out if keepdims else np.squeeze(out, axis=axis)
+
+
+def softmax(x, axis=-1):
+    e = np.exp(x - np.max(x, axis=axis, keepdims=True))
+    return e / np.sum(e, axis=axis, keepdims=True)
+
+
+def log_softmax(x, axis=-1):
+    return x - logsumexp(x, axis=axis, keepdims=True)
+
+
+def _axis(axis):
+    return tuple(axis) if isinstance(axis, list) else axis
+
+
+def reshape(x, shape):
+    return np.reshape(x, shape)
+
+
+def transpose(x, axes=None):
+    return np.transpose(x, axes)
+
+
+def broadcast_to(x, shape):
+    return np.broadcast_to(x, shape)
+
+
+def concatenate(xs, axis=0):
+    return np.concatenate(xs, axis=axis)
+
+
+def stack(xs, axis=0):
+    return np.stack(xs, axis=axis)
+
+
+def getitem(x, index):
+    return np.asarray(x)[index]
+
+
+def pad(x, pad_width, value=0.0):
+    return np.pad(x, pad_width, constant_values=value)
+
+
+# ---------------------------------------------------------------- convolution
+def conv_geometry(x_shape, w_shape, stride, padding, dilation, groups):
+    """Geometry of a 1-d or 2-d convolution, with 1-d lifted to 2-d (unit height)."""
+    nd = len(x_shape) - 2
+    if nd not in (1, 2) or len(w_shape) != nd + 2:
+        raise ValueError(
+            f"conv: input {tuple(x_shape)} and weight {tuple(w_shape)}: expected NCL with "
+            "(out, in/groups, k) or NCHW with (out, in/groups, kh, kw)"
+        )
+    if nd == 1:
+        x_shape, w_shape = _lift(x_shape), _lift(w_shape)
+        stride, dilation = (1, kernels.pair(stride, 1, "stride")[0]), (1, kernels.pair(dilation, 1, "dilation")[0])
+        if not isinstance(padding, str):
+            padding = (0, kernels.pair(padding, 1, "padding")[0])
+    return kernels.geometry(x_shape, w_shape, stride, padding, dilation, groups), nd
+
+
+def _lift(shape):
+    return tuple(shape[:2]) + (1,) + tuple(shape[2:])
+
+
+def _as2d(x, nd):
+    return x[:, :, None, :] if nd == 1 else x
+
+
+def _from2d(y, nd):
+    return y[:, :, 0, :] if nd == 1 else y
+
+
+def _add_bias(y, bias):
+    if bias is None:
+        return y
+    return y + np.reshape(bias, (1, -1) + (1,) * (y.ndim - 2))
+
+
+def conv(x, w, bias=None, stride=1, padding=0, dilation=1, groups=1):
+    g, nd = conv_geometry(x.shape, w.shape, stride, padding, dilation, groups)
+    return _add_bias(_from2d(kernels.conv2d(_as2d(x, nd), _as2d(w, nd), g), nd), bias)
+
+
+def transposed_geometry(x_shape, w_shape, stride, padding, output_padding, dilation, groups):
+    """The geometry of the convolution that a transposed convolution is the adjoint of."""
+    nd = len(x_shape) - 2
+    ks = w_shape[2:]
+    s, p, d, op = (kernels.pair(v, nd, name) for v, name in ((stride, "stride"), (padding, "padding"), (dilation, "dilation"), (output_padding, "output_padding")))
+    if any(o >= max(si, di) for o, si, di in zip(op, s, d)):
+        raise ValueError(f"conv_transpose: output_padding={op} must be smaller than stride {s} or dilation {d}")
+    out_spatial = tuple((i - 1) * si - 2 * pi + di * (k - 1) + oi + 1 for i, si, pi, di, k, oi in zip(x_shape[2:], s, p, d, ks, op))
+    y_shape = (x_shape[0], w_shape[1] * groups) + out_spatial
+    return conv_geometry(y_shape, w_shape, s, p, d, groups)
+
+
+def conv_transpose(x, w, bias=None, stride=1, padding=0, output_padding=0, dilation=1, groups=1):
+    g, nd = transposed_geometry(x.shape, w.shape, stride, padding, output_padding, dilation, groups)
+    return _add_bias(_from2d(kernels.conv2d_input_grad(_as2d(x, nd), _as2d(w, nd), g), nd), bias)
+
+
+def max_pool2d(x, kernel_size, stride=None, padding=0):
+    return kernels.max_pool2d(x, kernels.pool_geometry(x.shape, kernel_size, stride, padding))

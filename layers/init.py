@@ -1,0 +1,54 @@
+"""Deterministic parameter initialisation with PyTorch's default schemes, on numpy.
+
+Every layer takes an optional ``rng`` (a ``numpy.random.Generator``); without
+one it draws from a process-wide generator that ``seed`` resets, so a model
+built after ``seed(0)`` has the same bits every time, on every backend.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+_default = np.random.default_rng(0)
+
+
+def seed(value: int) -> None:
+    """Reset the generator layers draw from when no ``rng`` is passed."""
+    global _default
+    _default = np.random.default_rng(value)
+
+
+def get_rng(rng=None) -> np.random.Generator:
+    if rng is None:
+        return _default
+    if isinstance(rng, (int, np.integer)):
+        return np.random.default_rng(int(rng))
+    return rng
+
+
+def uniform(rng, shape, bound, dtype=np.float32) -> np.ndarray:
+    return get_rng(rng).uniform(-bound, bound, size=shape).astype(dtype)
+
+
+def kaiming_uniform(rng, shape, fan_in, a=math.sqrt(5), dtype=np.float32) -> np.ndarray:
+    """torch.nn.init.kaiming_uniform_ (the default for Linear and Conv weights uses a=sqrt(5))."""
+    gain = math.sqrt(2.0 / (1 + a * a))
+    return uniform(rng, shape, gain * math.sqrt(3.0 / fan_in), dtype)
+
+
+def kaiming_normal_fan_out(rng, shape, dtype=np.float32) -> np.ndarray:
+    """kaiming_normal_(mode="fan_out", nonlinearity="relu"), torchvision's ResNet conv init."""
+    fan_out = shape[0] * int(np.prod(shape[2:]))
+    std = math.sqrt(2.0 / fan_out)
+    return (get_rng(rng).standard_normal(shape) * std).astype(dtype)
+
+
+def fan_in_bias(rng, shape, fan_in, dtype=np.float32) -> np.ndarray:
+    """The default bias of Linear and Conv: U(-1/sqrt(fan_in), 1/sqrt(fan_in))."""
+    return uniform(rng, shape, 1.0 / math.sqrt(fan_in) if fan_in > 0 else 0.0, dtype)
+
+
+def normal(rng, shape, std=1.0, dtype=np.float32) -> np.ndarray:
+    return (get_rng(rng).standard_normal(shape) * std).astype(dtype)
