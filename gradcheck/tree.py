@@ -161,3 +161,26 @@ def describe(tree, indent: int = 0) -> str:
     if callable(tree):
         return getattr(tree, "__name__", repr(tree))
     return repr(tree)
+
+
+def leaf_owner_types(tree, prefix: str = "") -> dict[str, str]:
+    """Path of every array leaf -> the type name of the module that owns it ("" for plain arrays)."""
+    out: dict[str, str] = {}
+
+    def walk(node, path):
+        if isinstance(node, Module):
+            for name, kind, inline in node.field_kinds():
+                sub = path if inline else join(path, name)
+                if kind == CHILD:
+                    walk(getattr(node, name), sub)
+                elif kind in (PARAM, BUFFER):
+                    out[sub] = type(node).__name__
+        elif isinstance(node, (list, tuple)):
+            for i, v in enumerate(node):
+                walk(v, join(path, i))
+        elif isinstance(node, dict):
+            for k, v in node.items():
+                walk(v, join(path, k))
+
+    walk(tree, prefix)
+    return out

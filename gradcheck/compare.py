@@ -1,0 +1,250 @@
+"""Leaf-by-leaf comparison across backends: structure, finiteness, values; verdict and blame.
+
+For one leaf (a parameter's gradient, an input's gradient, the forward
+output or an updated buffer) each backend gives an array, or nothing.  The
+checks run in order and the first that fails decides the verdict:
+
+1. structure: every backend gives an array (and none gives one where none is
+   expected), with the same shape and the expected dtype      -> ``structural``
+2. finiteness: NaN/Inf where another backend is finite        -> ``nonfinite``
+3. values: every pair within tolerance                        -> ``disagree``
+4. substance: the gradient is not zero on every backend       -> ``vacuous``
+
+Blame names the backend(s) that are the odd one out.  When the float64
+referee checked the leaf, its verdict settles it: a backend whose directional
+derivative misses the finite difference is wrong.  Otherwise a backend that
+disagrees with every other backend while those agree among themselves is
+blamed; with only two backends and no referee nobody can be blamed.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+
+from gradcheck.results import LeafResult, PairResult, RefereeCheck, worst_verdict
+from gradcheck.tolerance import ResolvedTolerance, ToleranceRules
+
+# The order in which backends act as the reference of a pair.
+REFERENCE_ORDER = ("torch", "jax", "tape")
+HIST_EDGES = [float(e) for e in np.arange(-8.0, 4.01, 1.0)]
+WORST_ELEMENTS = 5
+MISSING = object()  # a backend that gave no array for a leaf
+# A gradient this small relative to the largest gradient entry of the case is
+# rounding noise around an exact zero (a bias followed by BatchNorm, a head
+# that the loss ignores): comparing it checks nothing.
+VACUOUS_REL = {"float32": 1e-5, "float64": 1e-11}
+
+
+def _order(name: str) -> int:
+    return REFERENCE_ORDER.index(name) if name in REFERENCE_ORDER else len(REFERENCE_ORDER)
+
+
+def pair_stats(a: np.ndarray, b: np.ndarray, rtol: float, atol: float, backend: str, reference: str) -> PairResult:
+    """How far ``a`` (backend) is from ``b`` (reference) under ``|a-b| <= atol + rtol*|b|``."""
+    a64, b64 = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    diff = np.abs(a64 - b64)
+    allowed = atol + rtol * np.abs(b64)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = np.where(diff == 0, 0.0, diff / allowed)
+        rel = np.where(diff == 0, 0.0, diff / np.abs(b64))
+    bad = diff > allowed
+    na, nb = float(np.linalg.norm(a64)), float(np.linalg.norm(b64))
+    nd = float(np.linalg.norm(a64 - b64))
+    out = PairResult(backend=backend, reference=reference, verdict="disagree" if bad.any() else "agree",
+                     mismatched=int(bad.sum()), total=int(diff.size))
+    if diff.size:
+        i = np.unravel_index(int(np.argmax(diff)), diff.shape)
+        out.max_abs, out.max_abs_index = float(diff[i]), [int(k) for k in i]
+        j = np.unravel_index(int(np.argmax(rel)), rel.shape)
+        out.max_rel, out.max_rel_index = float(rel[j]), [int(k) for k in j]
+        out.headroom = float(np.max(ratio))
+    out.rel_err_norm = nd / nb if nb > 0 else nd
+    out.cosine = float(np.dot(a64.ravel(), b64.ravel()) / (na * nb)) if na > 0 and nb > 0 else float(na == nb)
+    if bad.any():
+        out.message = (f"{backend} vs {reference}: {out.mismatched}/{out.total} elements off, "
+                       f"max abs {out.max_abs:.3g} at {out.max_abs_index}, max rel {out.max_rel:.3g}, "
+                       f"headroom {out.headroom:.3g}")
+    return out
+
+
+def judge_leaf(path: str, role: str, arrays: dict, *, dtype: str, rules: ToleranceRules, layer: str = "",
+               expect_array: bool = True, referee: list[RefereeCheck] | None = None,
+               case_scale: float = 0.0) -> LeafResult:
+    """Compare one leaf across backends. ``arrays`` maps backend -> array, None or MISSING.
+
+    ``case_scale`` is the largest gradient entry of the whole case, against
+    which a leaf's gradient is judged vacuous (see ``VACUOUS_REL``).
+    """
+    leaf = LeafResult(path=path, role=role, layer=layer, dtype=dtype, referee=list(referee or []))
+    names = sorted(arrays, key=_order)
+    given = {n: np.asarray(arrays[n]) for n in names if arrays[n] is not None and arrays[n] is not MISSING}
+    if given:
+        leaf.shape = list(next(iter(given.values())).shape)
+
+    structural = _structure(leaf, names, arrays, given, expect_array, dtype)
+    if structural or not expect_array:
+        return leaf
+
+    finite = {n: np.isfinite(np.asarray(v, np.float64)) for n, v in given.items()}
+    if not all(f.all() for f in finite.values()):
+        return _nonfinite(leaf, given, finite)
+
+    leaf.norms = {n: float(np.linalg.norm(np.asarray(v, np.float64))) for n, v in given.items()}
+    maxes = sorted(float(np.max(np.abs(v))) if v.size else 0.0 for v in given.values())
+    scale = maxes[len(maxes) // 2] if len(maxes) % 2 else 0.5 * (maxes[len(maxes) // 2 - 1] + maxes[len(maxes) // 2])
+    base_tol = rules.resolve(path, dtype, layer)
+    leaf.tolerance = base_tol.record(scale)
+    for x, y in itertools.combinations(names, 2):
+        backend, reference = (y, x) if _order(x) <= _order(y) else (x, y)
+        tol = rules.resolve(path, dtype, layer, (backend, reference))
+        leaf.pairs.append(pair_stats(given[backend], given[reference], tol.rtol, tol.absolute(scale), backend, reference))
+        if tol.rules != base_tol.rules:
+            leaf.tolerance = tol.record(scale)
+    _attach_worst(leaf, given)
+
+    if role in ("param", "input") and maxes[-1] <= VACUOUS_REL.get(dtype, 0.0) * case_scale:
+        leaf.verdict = "vacuous"
+        leaf.referee = []
+        leaf.message = (f"the gradient is ~0 on every backend (max |g| = {maxes[-1]:.3g}, the case's largest is "
+                        f"{case_scale:.3g}): this leaf checks nothing")
+        return leaf
+    _blame(leaf, names)
+    return leaf
+
+
+def _structure(leaf: LeafResult, names, arrays, given, expect_array, dtype) -> bool:
+    problems, blame = [], []
+    for n in names:
+        v = arrays[n]
+        present = v is not None and v is not MISSING
+        if expect_array and not present:
+            problems.append(f"{n} gives no gradient")
+            blame.append(n)
+        elif not expect_array and present:
+            what = {"buffer": "a buffer", "frozen": "a frozen parameter"}.get(leaf.role, "a non-trainable leaf")
+            problems.append(f"{n} gives a gradient for {what}")
+            blame.append(n)
+    shapes = {n: tuple(v.shape) for n, v in given.items()}
+    if len(set(shapes.values())) > 1:
+        common = max(set(shapes.values()), key=list(shapes.values()).count)
+        for n, s in shapes.items():
+            if s != common:
+                problems.append(f"{n} has shape {s}, others {common}")
+                blame.append(n)
+    for n, v in given.items():
+        if expect_array and v.dtype != np.dtype(dtype) and v.dtype.kind == "f":
+            problems.append(f"{n} has dtype {v.dtype}, expected {dtype}")
+            blame.append(n)
+    if problems:
+        leaf.verdict = "structural"
+        leaf.blame = sorted(set(blame), key=_order)
+        leaf.message = "; ".join(problems)
+        return True
+    leaf.verdict = "agree" if expect_array else "skipped"
+    return False
+
+
+def _nonfinite(leaf: LeafResult, given, finite) -> LeafResult:
+    leaf.verdict = "nonfinite"
+    bad = {n: int((~f).sum()) for n, f in finite.items() if not f.all()}
+    if len(bad) == len(given) and len({f.tobytes() for f in finite.values()}) == 1:
+        leaf.message = (f"every backend gives NaN/Inf at the same {next(iter(bad.values()))} element(s): "
+                        "the function itself is not finite here, so this leaf cannot be checked")
+    else:
+        leaf.blame = sorted(bad, key=_order)
+        leaf.message = ", ".join(f"{n}: {k} NaN/Inf" for n, k in bad.items()) + " (policy: any NaN/Inf "
+        leaf.message += "where another backend is finite is that backend's fault)"
+    return leaf
+
+
+def _attach_worst(leaf: LeafResult, given) -> None:
+    if not leaf.pairs:
+        return
+    worst = max(leaf.pairs, key=lambda p: p.headroom)
+    a = np.asarray(given[worst.backend], np.float64)
+    b = np.asarray(given[worst.reference], np.float64)
+    if not a.size:
+        return
+    diff = np.abs(a - b)
+    allowed = leaf.tolerance.atol + leaf.tolerance.rtol * np.abs(b)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = np.where(diff == 0, 0.0, diff / allowed).ravel()
+    top = np.argsort(ratio)[::-1][:WORST_ELEMENTS]
+    for flat in top:
+        idx = np.unravel_index(int(flat), a.shape)
+        leaf.worst.append({"index": [int(k) for k in idx], "ratio": float(ratio[flat]),
+                           "values": {n: float(np.asarray(v, np.float64)[idx]) for n, v in given.items()}})
+    with np.errstate(divide="ignore"):
+        logs = np.log10(np.where(ratio > 0, ratio, 10.0 ** HIST_EDGES[0]))
+    counts, _ = np.histogram(np.clip(logs, HIST_EDGES[0], HIST_EDGES[-1] - 1e-9), bins=HIST_EDGES)
+    leaf.histogram = {"edges": HIST_EDGES, "counts": [int(c) for c in counts],
+                      "pair": [worst.backend, worst.reference]}
+
+
+def _blame(leaf: LeafResult, names) -> None:
+    disagreeing = [p for p in leaf.pairs if p.verdict == "disagree"]
+    ref_wrong = [r.backend for r in leaf.referee if not r.agrees]
+    if not disagreeing and not ref_wrong:
+        leaf.verdict = "agree"
+        return
+    leaf.verdict = "disagree"
+    if ref_wrong and len(ref_wrong) < len(names):
+        leaf.blame = sorted(ref_wrong, key=_order)
+    else:
+        leaf.blame = _odd_one_out(names, leaf.pairs)
+    right = [n for n in names if n not in leaf.blame] + (["referee"] if leaf.referee and ref_wrong else [])
+    if leaf.blame and right:
+        leaf.message = f"{', '.join(leaf.blame)}: {_and(right)} agree"
+    elif leaf.blame:
+        leaf.message = f"{', '.join(leaf.blame)}: wrong by the referee"
+    else:
+        leaf.message = (f"{_and(names)} disagree and no majority or referee decides "
+                        "(run with the referee or a third backend)")
+    worst = max(leaf.pairs, key=lambda p: p.headroom, default=None)
+    if worst is not None and worst.verdict == "disagree":
+        leaf.message += f" — {worst.message}"
+
+
+def _odd_one_out(names, pairs) -> list[str]:
+    agree = {n: set() for n in names}
+    for p in pairs:
+        if p.verdict == "agree":
+            agree[p.backend].add(p.reference)
+            agree[p.reference].add(p.backend)
+    best = max(len(v) for v in agree.values())
+    if best == 0:
+        return [] if len(names) <= 2 else list(names)
+    return sorted((n for n in names if len(agree[n]) < best), key=_order)
+
+
+def _and(items) -> str:
+    items = list(items)
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
+
+
+def case_verdict(leaves: list[LeafResult], errors: dict) -> str:
+    """The worst leaf verdict; a vacuous leaf only decides when every gradient leaf is vacuous."""
+    verdicts = [leaf.verdict for leaf in leaves if leaf.verdict != "vacuous"]
+    if errors:
+        verdicts.append("error")
+    grads = [leaf for leaf in leaves if leaf.role in ("param", "input")]
+    if grads and all(leaf.verdict == "vacuous" for leaf in grads):
+        verdicts.append("vacuous")
+    return worst_verdict(verdicts)
+
+
+def first_in_backward_order(leaves: list[LeafResult]) -> str | None:
+    """Where a gradient disagreement starts.
+
+    Leaves are in forward order.  A wrong VJP in layer k corrupts the gradients
+    of layer k and of every layer before it, never those after it; the
+    disagreeing parameter that comes *last* in forward order (first in the
+    backward pass) is therefore where the disagreement starts.
+    """
+    params = [leaf for leaf in leaves if leaf.role == "param" and leaf.verdict in ("disagree", "nonfinite", "structural")]
+    if params:
+        return params[-1].path
+    others = [leaf for leaf in leaves if leaf.verdict in ("disagree", "nonfinite", "structural")]
+    return others[0].path if others else None

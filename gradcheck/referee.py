@@ -1,0 +1,76 @@
+"""The float64 finite-difference referee.
+
+For a leaf θ and a random direction v (one standard normal per element, from
+the case seed), central differences of the float64 loss give the directional
+derivative ``(L(θ + h v) - L(θ - h v)) / 2h`` in two forward passes, whatever
+the size of θ.  Each backend's gradient g answers with ``<g, v>``; a backend
+whose answer misses the finite difference is wrong about that leaf.  The
+forward runs on plain numpy (gradcheck's own ops with no tape), so the referee
+depends on no framework.
+
+Cost: two float64 forward passes per leaf checked (ResNet-18: 63 leaves, 126
+passes — against 11.7 M passes for a full finite-difference Jacobian).  A
+*joint* check perturbs every trainable leaf at once along one direction: two
+passes for the whole model, used when checking each leaf would be too slow.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+
+from gradcheck.results import RefereeCheck
+
+STEP = 1e-6  # float64: truncation ~h^2, rounding ~eps*|L|/h; both ~1e-10 relative here.
+
+
+def directions(leaves: dict[str, np.ndarray], seed: int) -> dict[str, np.ndarray]:
+    """One float64 standard-normal direction per leaf, from the case seed (order-independent)."""
+    out = {}
+    for path, value in leaves.items():
+        digest = np.frombuffer(path.encode(), dtype=np.uint8).astype(np.uint64).sum()
+        rng = np.random.default_rng([seed, int(digest), len(path)])
+        out[path] = rng.standard_normal(np.shape(value))
+    return out
+
+
+def step_for(value: np.ndarray) -> float:
+    scale = float(np.max(np.abs(value))) if np.size(value) else 1.0
+    return STEP * max(1.0, scale)
+
+
+def numeric_directional(loss64: Callable[[dict], float], point: dict[str, np.ndarray],
+                        direction: dict[str, np.ndarray]) -> float:
+    """Central difference of ``loss64`` at ``point`` along ``direction`` (which may cover several leaves)."""
+    h = min(step_for(point[p]) for p in direction)
+    plus = {p: point[p] + h * v for p, v in direction.items()}
+    minus = {p: point[p] - h * v for p, v in direction.items()}
+    return (float(loss64(plus)) - float(loss64(minus))) / (2 * h)
+
+
+def judge(numeric: float, grads: dict[str, dict[str, np.ndarray]], direction: dict[str, np.ndarray],
+          rtol: float) -> list[RefereeCheck]:
+    """Hold each backend's ``<g, v>`` against the finite difference.
+
+    The allowed error is ``rtol * (|numeric| + 0.1 * ||g||)``: the second term
+    keeps a direction nearly orthogonal to g (where ``<g, v>`` is tiny and all
+    rounding is relative to ||g||) from failing a correct backend.
+    """
+    norms = []
+    answers = {}
+    for backend, by_path in grads.items():
+        if not all(p in by_path and by_path[p] is not None for p in direction):
+            continue
+        answers[backend] = float(sum(np.vdot(np.asarray(by_path[p], np.float64), v) for p, v in direction.items()))
+        norms.append(float(np.sqrt(sum(np.sum(np.asarray(by_path[p], np.float64) ** 2) for p in direction))))
+    if not answers:
+        return []
+    scale = abs(numeric) + 0.1 * float(np.median(norms))
+    allowed = rtol * scale if scale > 0 else rtol
+    checks = []
+    for backend, value in answers.items():
+        err = abs(value - numeric) / allowed if np.isfinite(value) else float("inf")
+        checks.append(RefereeCheck(backend=backend, directional=value, numeric=numeric, error=float(err),
+                                   agrees=bool(err <= 1.0)))
+    return checks

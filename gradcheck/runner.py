@@ -1,0 +1,322 @@
+"""The runner: each case through every backend and the referee, compared, streamed to disk.
+
+Per case: build model, inputs and the loss cotangent from the case seed (numpy,
+identical bits for every backend); run each backend twice (the first call's
+time includes compilation: time to first gradient); compare forward outputs,
+updated buffers and every gradient leaf; ask the float64 referee; record a
+verdict and blame per leaf.  One case that raises, or one backend that fails
+on it, is a recorded error: the run goes on.  Each finished case is appended
+to the JSON-lines results file at once, so an interrupted run loses nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import sys
+import time
+import traceback
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+from gradcheck import ops
+from gradcheck import referee as ref
+from gradcheck.backends import get_backend
+from gradcheck.backends.base import all_leaves
+from gradcheck.case import Case, cast_floats, materialise
+from gradcheck.compare import MISSING, case_verdict, first_in_backward_order, judge_leaf
+from gradcheck.results import SCHEMA, CaseResult, RunResult, Timing, to_dict
+from gradcheck.tolerance import ToleranceRules
+from gradcheck.tree import leaf_owner_types, replace_leaves
+
+DEFAULT_BACKENDS = ("tape", "torch", "jax")
+
+
+@dataclass
+class RunOptions:
+    backends: tuple[str, ...] = DEFAULT_BACKENDS
+    rules: ToleranceRules = field(default_factory=ToleranceRules)
+    referee: str = "auto"  # "leaves" (every leaf), "auto", "joint", "off"
+    referee_budget_s: float = 20.0  # auto: check every leaf when that costs less than this
+    repeat: bool = True  # time a second call per backend
+    replay: Callable[[Case], str] | None = None  # command line that re-runs one case
+
+
+def input_prefixes(n: int) -> tuple[str, ...]:
+    return ("input",) if n == 1 else tuple(f"input.{i}" for i in range(n))
+
+
+def _as_list(out) -> list:
+    return list(out) if isinstance(out, (tuple, list)) else [out]
+
+
+def _short_error(exc: BaseException) -> str:
+    frames = traceback.extract_tb(exc.__traceback__)[-4:]
+    where = "".join(f"  {f.filename.split('site-packages/')[-1]}:{f.lineno} in {f.name}\n" for f in frames)
+    return f"{type(exc).__name__}: {exc}\n{where}".rstrip()
+
+
+class CaseRun:
+    """Everything one case needs, built once from its seed."""
+
+    def __init__(self, case: Case):
+        self.case = case
+        self.model, self.inputs = materialise(case)
+        self.forward = case.forward or (lambda m, *xs: m(*xs))
+        self.prefixes = ("",) + input_prefixes(len(self.inputs))
+        self.args = (self.model,) + tuple(self.inputs)
+        self.args64 = cast_floats(self.args, np.float64)
+        self.leaves64 = {leaf.path: leaf.value for leaf in all_leaves(self.args64, self.prefixes)}
+        t0 = time.perf_counter()
+        outs = _as_list(self.forward(*self.args64))
+        self.forward64_s = time.perf_counter() - t0
+        rng = np.random.default_rng(np.random.SeedSequence(case.seed).spawn(3)[2])
+        # The cross-check loss is <r, output> with r random: sum/mean would make
+        # the input gradients of BatchNorm and LayerNorm identically zero.
+        self.cotangents64 = [rng.standard_normal(np.shape(o)) for o in outs]
+        self.cotangents = [c.astype(case.dtype) for c in self.cotangents64]
+
+    def loss_fn(self, cotangents):
+        forward = self.forward
+
+        def f(*args):
+            outs = _as_list(forward(*args))
+            loss = None
+            for o, r in zip(outs, cotangents):
+                term = ops.sum(o * ops.asarray(r, like=o))
+                loss = term if loss is None else loss + term
+            return (loss, *outs)
+
+        return f
+
+    def loss64(self, replaced: dict) -> float:
+        args = [replace_leaves(a, replaced, p) for a, p in zip(self.args64, self.prefixes)]
+        return float(self.loss_fn(self.cotangents64)(*args)[0])
+
+
+def run_case(case: Case, options: RunOptions | None = None) -> CaseResult:
+    options = options or RunOptions()
+    res = CaseResult(name=case.name, model=case.model or case.name, dtype=case.dtype, mode=case.mode,
+                     seed=case.seed, backends=list(options.backends), notes=list(case.notes))
+    if options.replay is not None:
+        res.replay = options.replay(case)
+    try:
+        cr = CaseRun(case)
+    except Exception as exc:  # a broken case is a result, not a crash
+        res.errors["case"] = _short_error(exc)
+        res.verdict = "error"
+        return res
+    res.params = int(sum(np.size(v) for _, v in cr.model.named_parameters()))
+    evaluations = _run_backends(cr, options, res)
+    if evaluations:
+        _compare(cr, evaluations, options, res)
+    res.verdict = case_verdict(res.leaves, res.errors)
+    if res.leaves_compared == 0 and not res.errors:
+        res.errors["case"] = "no leaf was compared (no backend ran, or the model has no trainable leaf)"
+        res.verdict = "error"
+    res.first_disagreement = first_in_backward_order(res.leaves)
+    return res
+
+
+def _run_backends(cr: CaseRun, options: RunOptions, res: CaseResult) -> dict:
+    f = cr.loss_fn(cr.cotangents)
+    evaluations = {}
+    for name in options.backends:
+        driver = get_backend(name)
+        ok, why = driver.available()
+        if not ok:
+            res.unavailable[name] = why
+            continue
+        timing = res.timings[name] = Timing()
+        try:
+            t0 = time.perf_counter()
+            evaluations[name] = driver.evaluate(f, cr.args, cr.prefixes)
+            timing.first = time.perf_counter() - t0
+            if options.repeat:
+                t0 = time.perf_counter()
+                driver.evaluate(f, cr.args, cr.prefixes)
+                timing.second = time.perf_counter() - t0
+        except Exception as exc:
+            res.errors[name] = _short_error(exc)
+            evaluations.pop(name, None)
+    return evaluations
+
+
+def _compare(cr: CaseRun, evaluations: dict, options: RunOptions, res: CaseResult) -> None:
+    dtype, rules = cr.case.dtype, options.rules
+    leaves = all_leaves(cr.args, cr.prefixes)
+    owners = {}
+    for a, p in zip(cr.args, cr.prefixes):
+        owners.update(leaf_owner_types(a, p))
+    names = list(evaluations)
+
+    # Forward outputs first: a forward disagreement explains any gradient one.
+    n_out = len(cr.cotangents)
+    for k in range(n_out):
+        path = "output" if n_out == 1 else f"output.{k}"
+        arrays = {b: _nth_output(ev.value, k) for b, ev in evaluations.items()}
+        res.leaves.append(judge_leaf(path, "output", arrays, dtype=dtype, rules=rules))
+    for leaf in leaves:
+        if leaf.kind == "buffer" and np.asarray(leaf.value).dtype.kind == "f":
+            arrays = {b: ev.buffers.get(leaf.path, MISSING) for b, ev in evaluations.items()}
+            res.leaves.append(judge_leaf(leaf.path, "buffer", arrays, dtype=dtype, rules=rules,
+                                         layer=owners.get(leaf.path, "")))
+
+    grad_leaves = []
+    known = set()
+    for leaf in leaves:
+        known.add(leaf.path)
+        role = "input" if leaf.path.startswith("input") else "param"
+        arrays = {b: ev.grads.get(leaf.path, MISSING) for b, ev in evaluations.items()}
+        if leaf.trainable:
+            grad_leaves.append((leaf, role, arrays))
+        elif any(v is not MISSING for v in arrays.values()):
+            kind_role = {"buffer": "buffer", "frozen": "frozen"}.get(leaf.kind, role)
+            res.leaves.append(judge_leaf(leaf.path, kind_role, arrays, dtype=dtype, rules=rules,
+                                         layer=owners.get(leaf.path, ""), expect_array=False))
+    for b, ev in evaluations.items():
+        for path in ev.grads:
+            if path not in known:
+                res.leaves.append(judge_leaf(path, "param", {n: (ev.grads[path] if n == b else MISSING) for n in names},
+                                             dtype=dtype, rules=rules, expect_array=False))
+
+    scale = _case_scale(grad_leaves)
+
+    def judge(leaf, role, arrays, checks=None):
+        return judge_leaf(leaf.path, role, arrays, dtype=dtype, rules=rules, layer=owners.get(leaf.path, ""),
+                          referee=checks, case_scale=scale)
+
+    judged = [(leaf, role, arrays, judge(leaf, role, arrays)) for leaf, role, arrays in grad_leaves]
+    checks = _referee(cr, evaluations, [j for j in judged if j[3].verdict != "vacuous"], options, res)
+    for leaf, role, arrays, verdict in judged:
+        res.leaves.append(judge(leaf, role, arrays, checks[leaf.path]) if leaf.path in checks else verdict)
+    res.leaves_compared = sum(1 for leaf in res.leaves if leaf.verdict != "skipped")
+    if not grad_leaves:
+        res.notes.append("no trainable leaf: only forward values were compared")
+
+
+def _case_scale(grad_leaves) -> float:
+    """The largest finite gradient entry over every trainable leaf and backend."""
+    best = 0.0
+    for _, _, arrays in grad_leaves:
+        for v in arrays.values():
+            if v is not MISSING and v is not None and np.size(v):
+                a = np.abs(np.asarray(v, np.float64))
+                a = a[np.isfinite(a)]
+                if a.size:
+                    best = max(best, float(a.max()))
+    return best
+
+
+def _nth_output(value, k):
+    outs = value[1:] if isinstance(value, tuple) else [value]
+    return outs[k] if k < len(outs) else MISSING
+
+
+def _referee(cr: CaseRun, evaluations, judged, options: RunOptions, res: CaseResult) -> dict:
+    """Referee checks per leaf path; which leaves get one depends on the mode and its cost."""
+    mode = options.referee
+    if mode == "off" or not judged:
+        return {}
+    point = {leaf.path: np.asarray(cr.leaves64[leaf.path], np.float64) for leaf, _, _, _ in judged}
+    dirs = ref.directions(point, cr.case.seed)
+    grads = {b: ev.grads for b, ev in evaluations.items()}
+    rtol = options.rules.resolve("*", cr.case.dtype).referee_rtol
+    per_leaf_cost = 2 * cr.forward64_s
+    if mode == "leaves" or (mode == "auto" and per_leaf_cost * len(judged) <= options.referee_budget_s):
+        chosen = [leaf.path for leaf, _, _, _ in judged]
+    else:
+        chosen = [leaf.path for leaf, _, _, v in judged if v.verdict != "agree"]
+        joint = ref.numeric_directional(cr.loss64, point, dirs)
+        res.referee_passes += 2
+        checks = ref.judge(joint, grads, dirs, rtol)
+        res.notes.append("referee: one joint direction over all {} trainable leaves: {}".format(
+            len(dirs), ", ".join(f"{c.backend} {'agrees' if c.agrees else 'DISAGREES'} (error/tol {c.error:.2g})"
+                                 for c in checks)))
+        for c in checks:
+            if not c.agrees:
+                res.errors.setdefault(c.backend, "")
+                res.errors[c.backend] = (res.errors[c.backend] + "\n" if res.errors[c.backend] else "") + (
+                    f"referee: the joint directional derivative {c.directional:.6g} misses the finite "
+                    f"difference {c.numeric:.6g}")
+    out = {}
+    for path in chosen:
+        numeric = ref.numeric_directional(cr.loss64, point, {path: dirs[path]})
+        res.referee_passes += 2
+        out[path] = ref.judge(numeric, grads, {path: dirs[path]}, rtol)
+    return out
+
+
+# ---------------------------------------------------------------- whole runs
+def environment(seed: int | None = None, command: str = "") -> dict:
+    import importlib.metadata as md
+
+    def version(name):
+        try:
+            return md.version(name)
+        except md.PackageNotFoundError:
+            return None
+
+    return {
+        "gradcheck": version("gradcheck"),
+        "python": sys.version.split()[0],
+        "numpy": np.__version__,
+        "torch": version("torch"),
+        "jax": version("jax"),
+        "platform": platform.platform(),
+        "machine": platform.machine(),
+        "cpus": os.cpu_count(),
+        "seed": seed,
+        "command": command,
+        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+
+
+class ResultsWriter:
+    """JSON lines: a header, then one line per finished case, flushed as each case ends."""
+
+    def __init__(self, path, env: dict):
+        self.path = path
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        self._fh = open(path, "w", encoding="utf-8")
+        self._write({"type": "run", "schema": SCHEMA, "env": env})
+
+    def _write(self, record):
+        self._fh.write(json.dumps(record, default=_json_default) + "\n")
+        self._fh.flush()
+        os.fsync(self._fh.fileno())
+
+    def case(self, result: CaseResult):
+        self._write({"type": "case", "case": to_dict(result)})
+
+    def close(self):
+        self._fh.close()
+
+
+def _json_default(o):
+    if isinstance(o, np.generic):
+        return o.item()
+    raise TypeError(f"cannot serialise {type(o).__name__}")
+
+
+def run(cases: list[Case], options: RunOptions | None = None, results_path=None, env: dict | None = None,
+        on_case: Callable[[int, int, CaseResult], None] | None = None) -> RunResult:
+    """Run every case; stream each result to ``results_path`` (JSON lines) as it ends."""
+    options = options or RunOptions()
+    result = RunResult(env=env or environment())
+    writer = ResultsWriter(results_path, result.env) if results_path else None
+    try:
+        for i, case in enumerate(cases):
+            case_result = run_case(case, options)
+            result.cases.append(case_result)
+            if writer:
+                writer.case(case_result)
+            if on_case:
+                on_case(i, len(cases), case_result)
+    finally:
+        if writer:
+            writer.close()
+    return result
