@@ -303,13 +303,16 @@ def _json_default(o):
 
 
 def run(cases: list[Case], options: RunOptions | None = None, results_path=None, env: dict | None = None,
-        on_case: Callable[[int, int, CaseResult], None] | None = None) -> RunResult:
+        on_case: Callable[[int, int, CaseResult], None] | None = None,
+        on_start: Callable[[int, int, Case], None] | None = None) -> RunResult:
     """Run every case; stream each result to ``results_path`` (JSON lines) as it ends."""
     options = options or RunOptions()
     result = RunResult(env=env or environment())
     writer = ResultsWriter(results_path, result.env) if results_path else None
     try:
         for i, case in enumerate(cases):
+            if on_start:
+                on_start(i, len(cases), case)
             case_result = run_case(case, options)
             result.cases.append(case_result)
             if writer:

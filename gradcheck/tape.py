@@ -107,6 +107,10 @@ class Primitive:
 
     def __call__(self, *args, **kwargs):
         value = self.forward(*(raw(a) for a in args), **kwargs)
+        if not any(isinstance(a, Tensor) for a in args):
+            # Plain numpy in, plain numpy out: a first-order backward pass calls
+            # primitives (conv's input gradient...) on numpy and must stay fast.
+            return value
         parents = tuple(i for i, a in enumerate(args) if isinstance(a, Tensor) and a.requires_grad)
         if not parents:
             return Tensor(value)

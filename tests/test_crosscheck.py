@@ -1,0 +1,264 @@
+"""The cross-check end to end: three backends and the referee agree on correct models,
+and each kind of wrong gradient is caught, named and blamed on the right backend."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import gradcheck.layers as L
+from gradcheck import ops, results
+from gradcheck.backends import get_backend, tape_ops
+from gradcheck.case import Case
+from gradcheck.runner import RunOptions, run, run_case
+from gradcheck.tolerance import ToleranceRules
+
+pytest.importorskip("torch")
+pytest.importorskip("jax")
+
+ALL = ("tape", "torch", "jax")
+
+
+def chain(rng):
+    return L.Chain(L.Dense(2, 3, activation=ops.tanh, rng=rng), L.Dense(3, 1, bias=False, rng=rng))
+
+
+def conv_bn_dense(rng):
+    return L.Chain(
+        L.Conv2d(3, 4, 3, stride=2, padding=1, bias=False, rng=rng),
+        L.BatchNorm2d(4),
+        Flatten(),
+        L.Dense(4 * 4 * 4, 5, rng=rng),
+    )
+
+
+class Flatten(L.Chain):
+    def __init__(self):
+        super().__init__()
+
+    def __call__(self, x):
+        return ops.flatten(x)
+
+
+CASES = {
+    "chain": Case("chain", chain, lambda rng: (rng.standard_normal((4, 2)),)),
+    "conv_bn_dense": Case("conv_bn_dense", conv_bn_dense, lambda rng: (rng.standard_normal((2, 3, 8, 8)),)),
+}
+
+
+def check(name, dtype="float32", backends=ALL, **kw):
+    return run_case(CASES[name].with_(dtype=dtype), RunOptions(backends=backends, **kw))
+
+
+def leaf(result, path):
+    return next(x for x in result.leaves if x.path == path)
+
+
+def failing(result):
+    return {x.path: x for x in result.leaves if x.verdict in results.FAILING}
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("name", ["chain", "conv_bn_dense"])
+def test_correct_models_agree_on_every_leaf(name, dtype):
+    r = check(name, dtype, referee="leaves")
+    assert r.verdict == "agree", [(x.path, x.verdict, x.message) for x in r.leaves]
+    assert not r.errors and not r.unavailable
+    grads = [x for x in r.leaves if x.role in ("param", "input")]
+    assert r.leaves_compared == len(r.leaves) >= len(grads) + 1  # the output is compared too
+    for x in grads:
+        assert {c.backend for c in x.referee} == set(ALL), x.path
+        assert all(c.agrees for c in x.referee), (x.path, x.referee)
+        assert {(p.backend, p.reference) for p in x.pairs} == {("jax", "torch"), ("tape", "torch"), ("tape", "jax")}
+    assert r.timings["jax"].first is not None and r.timings["jax"].second is not None
+
+
+def test_batchnorm_running_stats_are_compared_as_buffers():
+    r = check("conv_bn_dense")
+    assert leaf(r, "1.running_mean").role == "buffer"
+    assert leaf(r, "1.running_mean").verdict == "agree"
+    assert leaf(r, "1.running_var").verdict == "agree"
+    assert not any(x.path.endswith("num_batches_tracked") and x.role != "buffer" for x in r.leaves)
+
+
+# ---------------------------------------------------------------- negative controls
+def test_scaled_bias_gradient_on_the_tape_is_blamed_on_the_tape(monkeypatch):
+    wrong = lambda g, ans, a, b: tape_ops.unbroadcast(ops.mul(g, 1.01), tape_ops._shape(b))
+    monkeypatch.setitem(tape_ops.add.vjps, 1, wrong)
+    r = check("chain")
+    bad = failing(r)
+    assert set(bad) == {"0.bias"}
+    assert bad["0.bias"].verdict == "disagree" and bad["0.bias"].blame == ["tape"]
+    assert bad["0.bias"].message.startswith("tape: torch, jax and referee agree")
+    assert r.first_disagreement == "0.bias"
+
+
+def test_flipped_conv_weight_gradient_is_caught(monkeypatch):
+    original = tape_ops._conv.vjps[1]
+    monkeypatch.setitem(tape_ops._conv.vjps, 1, lambda *a, **k: np.flip(np.asarray(original(*a, **k)), (-1, -2)))
+    r = check("conv_bn_dense")
+    bad = failing(r)
+    assert set(bad) == {"0.weight"}
+    assert bad["0.weight"].blame == ["tape"]
+    assert bad["0.weight"].worst and set(bad["0.weight"].worst[0]["values"]) == set(ALL)
+
+
+def test_batchnorm_backward_missing_its_mean_term_is_localised(monkeypatch):
+    # The tape forgets that the batch mean depends on x: BatchNorm's input
+    # gradient loses a term, so everything *before* the BatchNorm is wrong.
+    derived_mean = ops.mean.__wrapped__
+    monkeypatch.setattr(tape_ops, "mean", lambda x, axis=None, keepdims=False:
+                        ops.stop_gradient(derived_mean(x, axis=axis, keepdims=keepdims)), raising=False)
+    r = check("conv_bn_dense")
+    bad = failing(r)
+    assert set(bad) == {"0.weight", "input"}, sorted(bad)
+    assert all(x.blame == ["tape"] for x in bad.values())
+    assert r.first_disagreement == "0.weight"
+    assert leaf(r, "1.weight").verdict == "agree"  # after the bug: unaffected
+
+
+def _wrap_evaluate(monkeypatch, backend, edit):
+    driver = get_backend(backend)
+    original = driver.evaluate
+
+    def evaluate(f, args, prefixes=None):
+        ev = original(f, args, prefixes)
+        edit(ev)
+        return ev
+
+    monkeypatch.setattr(driver, "evaluate", evaluate)
+
+
+def test_a_framework_backend_can_be_blamed_too(monkeypatch):
+    _wrap_evaluate(monkeypatch, "jax", lambda ev: ev.grads.__setitem__("3.bias", ev.grads["3.bias"] * 1.5))
+    r = check("conv_bn_dense")
+    assert set(failing(r)) == {"3.bias"}
+    assert leaf(r, "3.bias").blame == ["jax"]
+
+
+def test_referee_decides_between_two_backends(monkeypatch):
+    _wrap_evaluate(monkeypatch, "torch", lambda ev: ev.grads.__setitem__("0.weight", ev.grads["0.weight"] * 0.9))
+    r = check("chain", backends=("tape", "torch"))
+    x = leaf(r, "0.weight")
+    assert x.verdict == "disagree" and x.blame == ["torch"]
+    assert [c.agrees for c in sorted(x.referee, key=lambda c: c.backend)] == [True, False]  # tape, torch
+
+
+def test_two_backends_without_referee_blame_nobody(monkeypatch):
+    _wrap_evaluate(monkeypatch, "torch", lambda ev: ev.grads.__setitem__("0.weight", ev.grads["0.weight"] * 0.9))
+    r = check("chain", backends=("tape", "torch"), referee="off")
+    x = leaf(r, "0.weight")
+    assert x.verdict == "disagree" and x.blame == []
+    assert "no majority or referee" in x.message
+
+
+def test_gradient_for_a_buffer_is_structural(monkeypatch):
+    _wrap_evaluate(monkeypatch, "tape", lambda ev: ev.grads.__setitem__("1.running_mean", np.zeros(4, np.float32)))
+    r = check("conv_bn_dense")
+    x = next(x for x in r.leaves if x.path == "1.running_mean" and x.verdict == "structural")
+    assert x.blame == ["tape"] and "buffer" in x.message
+    assert r.verdict == "structural" and r.failed
+
+
+def test_missing_gradient_and_wrong_shape_are_structural(monkeypatch):
+    def edit(ev):
+        del ev.grads["0.bias"]
+        ev.grads["1.weight"] = ev.grads["1.weight"].reshape(3, 1)
+
+    _wrap_evaluate(monkeypatch, "torch", edit)
+    r = check("chain")
+    assert leaf(r, "0.bias").verdict == "structural" and leaf(r, "0.bias").blame == ["torch"]
+    assert leaf(r, "1.weight").verdict == "structural" and "shape" in leaf(r, "1.weight").message
+
+
+def test_nan_in_one_backend_is_nonfinite_and_blamed(monkeypatch):
+    def edit(ev):
+        ev.grads["0.weight"] = ev.grads["0.weight"].copy()
+        ev.grads["0.weight"][0, 0] = np.nan
+
+    _wrap_evaluate(monkeypatch, "jax", edit)
+    r = check("chain")
+    assert leaf(r, "0.weight").verdict == "nonfinite" and leaf(r, "0.weight").blame == ["jax"]
+
+
+def test_forward_disagreement_is_reported_on_the_output(monkeypatch):
+    _wrap_evaluate(monkeypatch, "tape", lambda ev: None)
+    original = tape_ops.tanh.forward
+    monkeypatch.setattr(tape_ops.tanh, "forward", lambda x: original(x) * 1.1)
+    r = check("chain")
+    assert leaf(r, "output").verdict == "disagree" and leaf(r, "output").blame == ["tape"]
+
+
+# ---------------------------------------------------------------- robustness
+def test_a_backend_that_raises_is_an_error_and_the_others_still_compare(monkeypatch):
+    def boom(f, args, prefixes=None):
+        raise RuntimeError("simulated backend crash")
+
+    monkeypatch.setattr(get_backend("jax"), "evaluate", boom)
+    r = check("chain")
+    assert "simulated backend crash" in r.errors["jax"]
+    assert r.verdict == "error"
+    assert all(x.verdict == "agree" for x in r.leaves)  # tape and torch were still compared
+    assert {p.backend for x in r.leaves for p in x.pairs} == {"tape"}
+
+
+def test_one_broken_case_does_not_stop_the_run(tmp_path):
+    def broken(rng):
+        raise ValueError("this model cannot be built")
+
+    cases = [Case("broken", broken, lambda rng: (np.zeros(2),)), CASES["chain"]]
+    out = run(cases, RunOptions(backends=("tape",)), results_path=tmp_path / "r.jsonl")
+    assert [c.verdict for c in out.cases] == ["error", "agree"]
+    assert "cannot be built" in out.cases[0].errors["case"]
+    assert [c.name for c in results.load(tmp_path / "r.jsonl").cases] == ["broken", "chain"]
+
+
+def test_an_interrupted_run_keeps_every_finished_case(tmp_path):
+    def stop_after_two(i, total, result):
+        if i == 1:
+            raise KeyboardInterrupt
+
+    cases = [CASES["chain"].with_(name=f"chain{i}", seed=i) for i in range(4)]
+    with pytest.raises(KeyboardInterrupt):
+        run(cases, RunOptions(backends=("tape",)), results_path=tmp_path / "r.jsonl", on_case=stop_after_two)
+    stored = results.load(tmp_path / "r.jsonl")
+    assert [c.name for c in stored.cases] == ["chain0", "chain1"]
+
+
+def test_a_model_with_no_trainable_leaf_fails():
+    class Frozen(L.Chain):
+        pass
+
+    def build(rng):
+        return Frozen(L.Dense(2, 2, rng=rng)).freeze("0.*")
+
+    r = run_case(Case("frozen", build, lambda rng: (np.arange(4).reshape(2, 2),)), RunOptions(backends=("tape",)))
+    assert r.failed
+
+
+def test_vacuous_leaf_is_flagged_not_failed():
+    def build(rng):  # a conv bias followed by train-mode BatchNorm has an exactly zero gradient
+        return L.Chain(L.Conv2d(3, 2, 3, rng=rng), L.BatchNorm2d(2))
+
+    r = run_case(Case("bias_bn", build, lambda rng: (rng.standard_normal((2, 3, 5, 5)),)), RunOptions(backends=ALL))
+    assert leaf(r, "0.bias").verdict == "vacuous"
+    assert r.verdict == "agree"
+
+
+# ---------------------------------------------------------------- tolerance rules
+def test_tolerance_rule_decides_and_is_recorded(monkeypatch):
+    _wrap_evaluate(monkeypatch, "torch", lambda ev: ev.grads.__setitem__("0.bias", ev.grads["0.bias"] * 1.01))
+    strict = check("chain", referee="off")
+    assert leaf(strict, "0.bias").verdict == "disagree"
+    rules = ToleranceRules.from_config({"rules": [{"leaf": "*.bias", "rtol": 0.05, "name": "loose biases"}]})
+    loose = check("chain", referee="off", rules=rules)
+    assert leaf(loose, "0.bias").verdict == "agree"
+    assert "loose biases" in leaf(loose, "0.bias").tolerance.rule
+    assert "loose biases" not in leaf(loose, "0.weight").tolerance.rule
+
+
+def test_bad_tolerance_config_names_the_key():
+    with pytest.raises(ValueError, match="rtl"):
+        ToleranceRules.from_config({"rules": [{"leaf": "*", "rtl": 1e-3}]})
+    with pytest.raises(ValueError, match="non-negative"):
+        ToleranceRules.from_config({"float32": {"rtol": -1}})
