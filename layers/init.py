@@ -52,3 +52,25 @@ def fan_in_bias(rng, shape, fan_in, dtype=np.float32) -> np.ndarray:
 
 def normal(rng, shape, std=1.0, dtype=np.float32) -> np.ndarray:
     return (get_rng(rng).standard_normal(shape) * std).astype(dtype)
+
+
+def xavier_uniform(rng, shape, gain=1.0, dtype=np.float32) -> np.ndarray:
+    """torch.nn.init.xavier_uniform_ (MultiheadAttention's in_proj_weight)."""
+    fan_in, fan_out = fans(shape)
+    return uniform(rng, shape, gain * math.sqrt(6.0 / (fan_in + fan_out)), dtype)
+
+
+def fans(shape) -> tuple[int, int]:
+    """torch's (fan_in, fan_out): dims 1 and 0 times the receptive field (the trailing dims)."""
+    if len(shape) < 2:
+        raise ValueError(f"fan in/out need at least 2 dims, got shape {tuple(shape)}")
+    receptive = int(np.prod(shape[2:])) if len(shape) > 2 else 1
+    return shape[1] * receptive, shape[0] * receptive
+
+
+def ones(shape, dtype=np.float32) -> np.ndarray:
+    return np.ones(shape, dtype)
+
+
+def zeros(shape, dtype=np.float32) -> np.ndarray:
+    return np.zeros(shape, dtype)

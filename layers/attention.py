@@ -1,0 +1,173 @@
+"""Scaled dot-product attention and torch.nn.MultiheadAttention (names, layouts, init)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from gradcheck import ops
+from gradcheck.backends import backend_of
+from gradcheck.layers import init
+from gradcheck.layers.core import Dense
+from gradcheck.layers.dropout import dropout_mask
+from gradcheck.module import Module, child, param, static
+
+
+def causal_mask(length: int, source_length: int | None = None) -> np.ndarray:
+    """Boolean (L, S) mask, True where a query may attend: key index <= query index (top-left aligned, as torch)."""
+    return np.tril(np.ones((length, source_length or length), dtype=bool))
+
+
+def _swap_last(x):
+    n = len(ops.shape_of(x))
+    return ops.transpose(x, tuple(range(n - 2)) + (n - 1, n - 2))
+
+
+def _mask_scores(scores, keep):
+    """Scores with -inf where ``keep`` (a boolean array, True = attend) is False."""
+    if backend_of(keep) == "tape":
+        keep = ops.to_numpy(keep)
+    if isinstance(keep, np.ndarray):
+        # An additive -inf/0 bias in the scores' dtype: the same op on every backend.
+        return scores + ops.asarray(np.where(keep, 0.0, -np.inf), like=scores)
+    return ops.where(keep, scores, -math.inf)
+
+
+def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p: float = 0.0,
+                                 is_causal: bool = False, scale: float | None = None, dropout_seed: int = 0,
+                                 return_weights: bool = False):
+    """torch.nn.functional.scaled_dot_product_attention on (..., L, E) queries and (..., S, E) keys.
+
+    A boolean ``attn_mask`` marks with True the pairs that take part (torch's
+    convention here); a float mask is added to the scores.  Dropout on the
+    attention weights uses the deterministic mask of ``dropout_seed`` (see
+    ``Dropout``) instead of torch's random one.
+    """
+    L, E = ops.shape_of(query)[-2:]
+    S = ops.shape_of(key)[-2]
+    scale = 1.0 / math.sqrt(E) if scale is None else scale
+    scores = ops.matmul(query, _swap_last(key)) * scale
+    if is_causal:
+        if attn_mask is not None:
+            raise ValueError("scaled_dot_product_attention: give attn_mask or is_causal=True, not both (as torch)")
+        attn_mask = causal_mask(L, S)
+    if attn_mask is not None:
+        if np.dtype(ops.dtype_of(attn_mask)) == np.bool_:
+            scores = _mask_scores(scores, attn_mask)
+        else:
+            scores = scores + attn_mask
+    weights = ops.softmax(scores, axis=-1)
+    if dropout_p > 0.0:
+        weights = weights * ops.asarray(dropout_mask(dropout_seed, ops.shape_of(weights), dropout_p), like=weights)
+    out = ops.matmul(weights, value)
+    return (out, weights) if return_weights else out
+
+
+class MultiheadAttention(Module):
+    """torch.nn.MultiheadAttention: ``in_proj_weight`` (3E, E), ``in_proj_bias``, ``out_proj``.
+
+    Differences from torch, all for checking gradients: ``batch_first``
+    defaults to True; ``causal=True`` applies a causal mask on every call;
+    the call returns the output alone unless ``need_weights=True`` (then
+    ``(output, weights)``, averaged over heads as torch does); attention
+    dropout uses a mask fixed by a seed drawn at build time.  As in torch, a
+    boolean ``attn_mask`` or ``key_padding_mask`` marks with True what must
+    NOT be attended to.  With ``kdim``/``vdim`` different from ``embed_dim``
+    the projections are ``q_proj_weight``, ``k_proj_weight``, ``v_proj_weight``.
+    """
+
+    in_proj_weight: Any = param()
+    q_proj_weight: Any = param()
+    k_proj_weight: Any = param()
+    v_proj_weight: Any = param()
+    in_proj_bias: Any = param()
+    out_proj: Any = child()
+    embed_dim: int = static()
+    num_heads: int = static()
+    dropout: float = static()
+    batch_first: bool = static()
+    causal: bool = static()
+    seed: int = static()
+
+    def __init__(self, embed_dim: int, num_heads: int, dropout: float = 0.0, bias: bool = True,
+                 add_bias_kv: bool = False, add_zero_attn: bool = False, kdim: int | None = None,
+                 vdim: int | None = None, batch_first: bool = True, causal: bool = False, rng=None):
+        if embed_dim % num_heads:
+            raise ValueError(
+                f"MultiheadAttention: embed_dim={embed_dim} must be divisible by num_heads={num_heads}"
+            )
+        if add_bias_kv or add_zero_attn:
+            raise NotImplementedError("MultiheadAttention: add_bias_kv and add_zero_attn are not supported; leave them False")
+        rng = init.get_rng(rng)
+        kdim, vdim = kdim or embed_dim, vdim or embed_dim
+        E = embed_dim
+        if kdim == E and vdim == E:
+            self.in_proj_weight = init.xavier_uniform(rng, (3 * E, E))
+            self.q_proj_weight = self.k_proj_weight = self.v_proj_weight = None
+        else:
+            self.in_proj_weight = None
+            self.q_proj_weight = init.xavier_uniform(rng, (E, E))
+            self.k_proj_weight = init.xavier_uniform(rng, (E, kdim))
+            self.v_proj_weight = init.xavier_uniform(rng, (E, vdim))
+        self.in_proj_bias = init.zeros((3 * E,)) if bias else None
+        self.out_proj = Dense(E, E, bias=bias, rng=rng)
+        if bias:  # torch zeroes out_proj.bias after Linear's default init
+            self.out_proj.bias = init.zeros((E,))
+        self.embed_dim, self.num_heads, self.dropout = E, num_heads, dropout
+        self.batch_first, self.causal = batch_first, causal
+        self.seed = int(rng.integers(2**31 - 1))
+
+    def _project(self, x, i):
+        E = self.embed_dim
+        if self.in_proj_weight is not None:
+            w = ops.getitem(self.in_proj_weight, slice(i * E, (i + 1) * E))
+        else:
+            w = (self.q_proj_weight, self.k_proj_weight, self.v_proj_weight)[i]
+        y = ops.matmul(x, ops.transpose(w))
+        if self.in_proj_bias is not None:
+            y = y + ops.getitem(self.in_proj_bias, slice(i * E, (i + 1) * E))
+        return y
+
+    def _heads(self, x):
+        """(N, T, E) -> (N, heads, T, E / heads)."""
+        n, t, _ = ops.shape_of(x)
+        return ops.transpose(ops.reshape(x, (n, t, self.num_heads, -1)), (0, 2, 1, 3))
+
+    def __call__(self, query, key=None, value=None, key_padding_mask=None, need_weights: bool = False,
+                 attn_mask=None, average_attn_weights: bool = True, is_causal: bool = False):
+        key = query if key is None else key
+        value = key if value is None else value
+        if not self.batch_first:
+            query, key, value = (ops.transpose(t, (1, 0, 2)) for t in (query, key, value))
+        n, L, _ = ops.shape_of(query)
+        S = ops.shape_of(key)[1]
+        q, k, v = (self._heads(self._project(t, i)) for i, t in enumerate((query, key, value)))
+        scores = ops.matmul(q, _swap_last(k)) * (1.0 / math.sqrt(self.embed_dim // self.num_heads))
+        if self.causal or is_causal:
+            scores = _mask_scores(scores, causal_mask(L, S))
+        if attn_mask is not None:
+            scores = self._apply_mask(scores, attn_mask, (n, self.num_heads, L, S))
+        if key_padding_mask is not None:
+            scores = self._apply_mask(scores, ops.reshape(key_padding_mask, (n, 1, 1, S)), None)
+        weights = ops.softmax(scores, axis=-1)
+        if self.dropout > 0.0 and self.training:
+            weights = weights * ops.asarray(dropout_mask(self.seed, ops.shape_of(weights), self.dropout), like=weights)
+        out = ops.matmul(weights, v)  # (N, heads, L, d)
+        out = self.out_proj(ops.reshape(ops.transpose(out, (0, 2, 1, 3)), (n, L, self.embed_dim)))
+        if not self.batch_first:
+            out = ops.transpose(out, (1, 0, 2))
+        if not need_weights:
+            return out
+        return out, (ops.mean(weights, axis=1) if average_attn_weights else weights)
+
+    @staticmethod
+    def _apply_mask(scores, mask, shape3d):
+        if len(ops.shape_of(mask)) == 3:  # torch's (N * heads, L, S)
+            mask = ops.reshape(mask, shape3d)
+        if np.dtype(ops.dtype_of(mask)) == np.bool_:
+            if backend_of(mask) in ("numpy", "tape"):
+                return _mask_scores(scores, ~np.asarray(ops.to_numpy(mask)))
+            return ops.where(mask, -math.inf, scores)
+        return scores + mask

@@ -1,0 +1,62 @@
+"""Embedding lookup with torch.nn.Embedding's names, init and padding_idx semantics."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from gradcheck import ops
+from gradcheck.backends import backend_of
+from gradcheck.layers import init
+from gradcheck.module import Module, param, static
+
+
+def constant_index(ids):
+    """Integer ids in a form every backend's indexing accepts.
+
+    The tape's ``getitem`` takes numpy integer arrays only, but the tape
+    driver hands integer inputs over as (non-differentiable) tape tensors, so
+    they are unwrapped here; torch and jax index with their own integer arrays.
+    """
+    return ops.to_numpy(ids) if backend_of(ids) == "tape" else ids
+
+
+class Embedding(Module):
+    """torch.nn.Embedding: ``weight[ids]``, weight (num_embeddings, embedding_dim) drawn N(0, 1).
+
+    With ``padding_idx`` that row starts at zero and never receives a
+    gradient, as in torch.
+    """
+
+    weight: Any = param()
+    padding_idx: int | None = static()
+
+    def __init__(self, num_embeddings: int, embedding_dim: int, padding_idx: int | None = None, rng=None):
+        self.weight = init.normal(rng, (num_embeddings, embedding_dim))
+        if padding_idx is not None:
+            if not -num_embeddings <= padding_idx < num_embeddings:
+                raise ValueError(
+                    f"Embedding({num_embeddings}, {embedding_dim}): padding_idx={padding_idx} is out of range"
+                )
+            padding_idx %= num_embeddings
+            self.weight[padding_idx] = 0.0
+        self.padding_idx = padding_idx
+
+    def __call__(self, ids):
+        ids = constant_index(ids)
+        out = ops.take(self.weight, ids, axis=0)
+        if self.padding_idx is None:
+            return out
+        # Same value, but no gradient flows into the padding row.
+        pad = ops.expand_dims(ops.equal(ids, self.padding_idx), -1)
+        return ops.where(pad, ops.stop_gradient(out), out)
+
+
+def one_hot(ids, num_classes: int, axis: int = -1):
+    """A boolean one-hot of integer ``ids`` along a new ``axis`` (works on every backend)."""
+    ids = constant_index(ids)
+    ndim = len(ops.shape_of(ids)) + 1
+    axis %= ndim
+    classes = np.arange(num_classes).reshape((1,) * axis + (num_classes,) + (1,) * (ndim - axis - 1))
+    return ops.equal(ops.expand_dims(ids, axis), classes)
