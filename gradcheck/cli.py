@@ -38,7 +38,8 @@ def build_parser() -> argparse.ArgumentParser:
                          "returning a Case or a list of Cases.")
     run.add_argument("targets", nargs="+", metavar="TARGET")
     run.add_argument("--backends", help="comma-separated: tape,torch,jax (default: all three)")
-    run.add_argument("--dtype", choices=["float32", "float64", "both"], help="default float32")
+    run.add_argument("--dtype", choices=["float32", "float64", "both"],
+                     help="default: float32 for models, each case's own for suites and your cases")
     run.add_argument("--seed", type=int, help="seed for parameters, inputs and the loss cotangent (default 0)")
     run.add_argument("--batch", type=int, help="batch size for model targets")
     run.add_argument("--input-shape", help="per-example input shape for model targets, e.g. 3x224x224")
@@ -150,8 +151,8 @@ def cmd_run(args) -> int:
     table, source = _settings(args)
     pick = lambda flag, key, default: flag if flag is not None else table.get(key, default)  # noqa: E731
     backends = _backends(pick(args.backends, "backends", None))
-    dtype = pick(args.dtype, "dtype", "float32")
-    if dtype not in ("float32", "float64", "both"):
+    dtype = pick(args.dtype, "dtype", None)
+    if dtype not in (None, "float32", "float64", "both"):
         raise UsageError(f"{source or 'config'}: dtype = {dtype!r}; expected float32, float64 or both")
     seed = int(pick(args.seed, "seed", 0))
     mode = pick(args.mode, "mode", None)
@@ -184,6 +185,7 @@ def cmd_run(args) -> int:
 
     def replay(case):
         return f"{base_cmd}{flags} --dtype {case.dtype} -k {shlex.quote(case.name)}"
+
 
     options = runner.RunOptions(backends=backends, rules=rules, referee=referee,
                                 referee_budget_s=float(table.get("referee_budget_s", 20.0)), replay=replay)
