@@ -114,7 +114,12 @@ def _windows(xp: np.ndarray, g: ConvGeometry) -> np.ndarray:
 def _pad(x: np.ndarray, g: ConvGeometry, value=0.0) -> np.ndarray:
     if g.pads == ((0, 0), (0, 0)):
         return x
-    return np.pad(x, ((0, 0), (0, 0)) + g.pads, constant_values=value)
+    (pt, pb), (pl, pr) = g.pads
+    # A negative trailing pad (a transposed convolution's output_padding beyond
+    # its padding) crops rows that no window reaches.
+    x = x[:, :, : x.shape[2] + min(pb, 0), : x.shape[3] + min(pr, 0)]
+    pads = ((0, 0), (0, 0), (pt, max(pb, 0)), (pl, max(pr, 0)))
+    return np.pad(x, pads, constant_values=value)
 
 
 def _columns(x: np.ndarray, g: ConvGeometry) -> np.ndarray:
@@ -158,7 +163,10 @@ def scatter_windows(cols: np.ndarray, g: ConvGeometry) -> np.ndarray:
                 :, :, :, :, i, j
             ]
     (pt, pb), (pl, pr) = g.pads
-    return xp[:, :, pt : xp.shape[2] - pb, pl : xp.shape[3] - pr]
+    out = xp[:, :, pt : xp.shape[2] - max(pb, 0), pl : xp.shape[3] - max(pr, 0)]
+    if pb < 0 or pr < 0:  # rows no window reaches (see _pad) get nothing
+        out = np.pad(out, ((0, 0), (0, 0), (0, -min(pb, 0)), (0, -min(pr, 0))))
+    return out
 
 
 def conv2d_input_grad(gy: np.ndarray, w: np.ndarray, g: ConvGeometry) -> np.ndarray:

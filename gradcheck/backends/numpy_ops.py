@@ -6,6 +6,8 @@ here) and what the float64 finite-difference referee evaluates.  No gradients.
 
 from __future__ import annotations
 
+import builtins
+import dataclasses
 import math
 
 import numpy as np
@@ -187,13 +189,35 @@ def conv(x, w, bias=None, stride=1, padding=0, dilation=1, groups=1):
 def transposed_geometry(x_shape, w_shape, stride, padding, output_padding, dilation, groups):
     """The geometry of the convolution that a transposed convolution is the adjoint of."""
     nd = len(x_shape) - 2
+    if nd not in (1, 2) or len(w_shape) != nd + 2:
+        raise ValueError(
+            f"conv_transpose: input {tuple(x_shape)} and weight {tuple(w_shape)}: expected NCL with "
+            "(in, out/groups, k) or NCHW with (in, out/groups, kh, kw)"
+        )
+    if x_shape[1] != w_shape[0]:
+        raise ValueError(
+            f"conv_transpose: input {tuple(x_shape)} has {x_shape[1]} channels but weight {tuple(w_shape)} "
+            f"expects {w_shape[0]}; a transposed convolution's weight is (in, out/groups, *kernel)"
+        )
     ks = w_shape[2:]
     s, p, d, op = (kernels.pair(v, nd, name) for v, name in ((stride, "stride"), (padding, "padding"), (dilation, "dilation"), (output_padding, "output_padding")))
-    if any(o >= max(si, di) for o, si, di in zip(op, s, d)):
+    # builtins: this module's own `max` is the numpy reduction.
+    if builtins.any(o >= builtins.max(si, di) for o, si, di in zip(op, s, d)):
         raise ValueError(f"conv_transpose: output_padding={op} must be smaller than stride {s} or dilation {d}")
     out_spatial = tuple((i - 1) * si - 2 * pi + di * (k - 1) + oi + 1 for i, si, pi, di, k, oi in zip(x_shape[2:], s, p, d, ks, op))
+    if builtins.min(out_spatial) < 1:
+        raise ValueError(
+            f"conv_transpose: input {tuple(x_shape)} with weight {tuple(w_shape)}, stride {s}, padding {p}, "
+            f"dilation {d}, output_padding {op} gives an empty output {out_spatial}; reduce the padding"
+        )
     y_shape = (x_shape[0], w_shape[1] * groups) + out_spatial
-    return conv_geometry(y_shape, w_shape, s, p, d, groups)
+    geom, nd = conv_geometry(y_shape, w_shape, s, p, d, groups)
+    # The adjoint convolution crops `padding` before and `padding - output_padding`
+    # after, so that it maps the output back onto exactly the input's size.  A
+    # negative crop (output_padding > padding, possible when dilation > stride)
+    # means rows past every window: zeros in the transposed convolution.
+    pads = tuple((pi, pi - oi) for pi, oi in zip(p, op))
+    return dataclasses.replace(geom, pads=((0, 0),) + pads if nd == 1 else pads), nd
 
 
 def conv_transpose(x, w, bias=None, stride=1, padding=0, output_padding=0, dilation=1, groups=1):

@@ -13,6 +13,7 @@ them as constants is exact for every order of derivative.
 from __future__ import annotations
 
 import builtins
+import math
 
 import numpy as np
 
@@ -106,8 +107,15 @@ neg = _p("neg", npo.neg).defvjp(lambda g, ans, a: o.neg(g))
 pow = _p("pow", npo.pow).defvjp(
     lambda g, ans, a, b: unbroadcast(o.mul(g, o.mul(b, o.pow(a, _minus_one(b)))), _shape(a)),
     # d/db a**b = log(a) a**b; where a == 0 torch and jax define it as 0.
-    lambda g, ans, a, b: unbroadcast(
-        o.mul(g, o.mul(o.log(o.where(o.greater(a, 0), a, 1.0)), ans)), _shape(b)))
+    lambda g, ans, a, b: unbroadcast(o.mul(g, o.mul(_log_base(a), ans)), _shape(b)))
+
+
+def _log_base(a):
+    # A Python base stays a Python float: np.log of it would be a float64
+    # array that promotes a float32 exponent's gradient to float64.
+    if isinstance(a, (int, float)):
+        return math.log(a) if a > 0 else 0.0
+    return o.log(o.where(o.greater(a, 0), a, 1.0))
 
 
 def _minus_one(b):
@@ -143,8 +151,10 @@ sin = _p("sin", npo.sin).defvjp(lambda g, ans, x: o.mul(g, o.cos(x)))
 cos = _p("cos", npo.cos).defvjp(lambda g, ans, x: o.neg(o.mul(g, o.sin(x))))
 tanh = _p("tanh", npo.tanh).defvjp(lambda g, ans, x: o.mul(g, o.sub(1.0, o.mul(ans, ans))))
 sigmoid = _p("sigmoid", npo.sigmoid).defvjp(lambda g, ans, x: o.mul(g, o.mul(ans, o.sub(1.0, ans))))
+# A Python float, not np.float64: numpy scalars are not "weak" and would turn
+# a float32 gradient into float64.
 erf = _p("erf", npo.erf).defvjp(
-    lambda g, ans, x: o.mul(g, o.mul(o.exp(o.neg(o.mul(x, x))), 2.0 / np.sqrt(np.pi))))
+    lambda g, ans, x: o.mul(g, o.mul(o.exp(o.neg(o.mul(x, x))), 2.0 / math.sqrt(math.pi))))
 relu = _p("relu", npo.relu).defvjp(lambda g, ans, x: o.mul(g, _const(raw(x) > 0, x)))
 softplus = _p("softplus", npo.softplus).defvjp(lambda g, ans, x: o.mul(g, o.sigmoid(x)))
 # fmt: on
@@ -251,7 +261,13 @@ log_softmax = _p("log_softmax", npo.log_softmax).defvjp(
 # ---------------------------------------------------------------- shapes
 reshape = _p("reshape", npo.reshape).defvjp(lambda g, ans, x, shape: o.reshape(g, _shape(x)))
 transpose = _p("transpose", npo.transpose).defvjp(
-    lambda g, ans, x, axes=None: o.transpose(g, None if axes is None else tuple(np.argsort(axes))))
+    lambda g, ans, x, axes=None: o.transpose(g, None if axes is None else _inverse_permutation(axes, len(_shape(x)))))
+
+
+def _inverse_permutation(axes, ndim):
+    # Negative axes are normalised first: argsort of (0, -1, 1) is not the inverse of (0, 2, 1).
+    return tuple(int(i) for i in np.argsort([a % ndim for a in axes]))
+
 broadcast_to = _p("broadcast_to", npo.broadcast_to).defvjp(
     lambda g, ans, x, shape: unbroadcast(g, _shape(x)))
 

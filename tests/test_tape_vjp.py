@@ -1,0 +1,721 @@
+"""Every op in ``gradcheck.ops``: the tape's VJP against float64 central differences.
+
+One table row per case (op, configuration); each row draws shapes, values
+and options with hypothesis and hands ``(f, args)`` to ``check_vjp``.  The
+table must name every op in ``gradcheck.ops.__all__``: an op added without a
+row fails ``test_every_op_has_a_row``.  Inputs are kept away from kinks
+(relu/abs at 0, ties of max) so that finite differences can referee.
+"""
+
+from __future__ import annotations
+
+import builtins
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
+from gradcheck import ops, tape
+from gradcheck.backends import tape_ops
+from gradcheck.tape import Tensor
+from vjp_check import VjpMismatch, check_vjp
+
+SETTINGS = settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+class Draw:
+    """What a row may draw: shapes and options through hypothesis, values from a drawn seed."""
+
+    def __init__(self, data):
+        self.data = data
+        self.seed = data.draw(st.integers(0, 2**31 - 1), label="seed")
+        self.rng = np.random.default_rng(self.seed)
+
+    def __call__(self, strategy, label=None):
+        return self.data.draw(strategy, label=label)
+
+    def pick(self, options, label=None):
+        return self.data.draw(st.sampled_from(list(options)), label=label)
+
+    def int(self, lo, hi, label=None):
+        return self.data.draw(st.integers(lo, hi), label=label)
+
+    def shape(self, min_dims=1, max_dims=3, min_side=1, max_side=4):
+        return self.data.draw(
+            hnp.array_shapes(min_dims=min_dims, max_dims=max_dims, min_side=min_side, max_side=max_side),
+            label="shape",
+        )
+
+    # -- values -----------------------------------------------------------
+    # Values are always float64 ndarrays, 0-d included (numpy hands back
+    # scalars for shape (), which would dodge the float32 cast of a check).
+    def normal(self, shape):
+        return np.asarray(self.rng.standard_normal(shape), np.float64)
+
+    def positive(self, shape, lo=0.3, hi=2.0):
+        return np.asarray(self.rng.uniform(lo, hi, shape), np.float64)
+
+    def away(self, shape, gap=0.1):
+        """Values at least ``gap`` from zero (the kink of relu, abs, leaky_relu, elu).
+
+        The first is positive, so relu of a one-element draw is not flat.
+        """
+        x = self.rng.choice([-1.0, 1.0], size=shape) * self.rng.uniform(gap, 2.0, shape)
+        x = np.asarray(x, np.float64)
+        x.reshape(-1)[:1] = np.abs(x.reshape(-1)[:1])
+        return x
+
+    def distinct(self, shape, spacing=0.05):
+        """All values different by at least ``spacing`` (no ties for max, min, max-pool)."""
+        n = int(np.prod(shape, dtype=np.int64))
+        values = (self.rng.permutation(n) - n / 2) * spacing + self.rng.uniform(0, spacing / 4)
+        return values.reshape(shape)
+
+    def axis(self, ndim, allow_none=True, allow_tuple=True):
+        """None, an int (maybe negative) or a tuple of distinct axes."""
+        kinds = ["int", "neg"] + (["none"] if allow_none else []) + (["tuple"] if allow_tuple and ndim > 1 else [])
+        kind = self.pick(kinds, "axis kind")
+        if kind == "none":
+            return None
+        if kind in ("int", "neg"):
+            a = self.int(0, ndim - 1, "axis")
+            return a - ndim if kind == "neg" else a
+        axes = self(st.lists(st.integers(0, ndim - 1), min_size=1, max_size=ndim, unique=True), "axes")
+        return tuple(a - ndim if self(st.booleans(), "negative") else a for a in axes)
+
+
+@dataclass
+class Row:
+    op: str  # the gradcheck.ops name this row covers
+    label: str
+    build: Callable[[Draw], tuple]  # -> (f, args) with float64 numpy args
+    kind: str = "vjp"  # "vjp", or "constant" for ops that never carry a gradient
+    float32: bool = True  # also check float32 in -> float32 out and gradients
+
+    def __repr__(self):
+        return self.label
+
+
+ROWS: list[Row] = []
+
+
+def row(op, label=None, kind="vjp", float32=True):
+    def register(build):
+        ROWS.append(Row(op, label or op, build, kind, float32))
+        return build
+
+    return register
+
+
+# ---------------------------------------------------------------- elementwise, one input
+def _unary(op, domain="normal", **kw):
+    fn = getattr(ops, op)
+
+    def build(d: Draw):
+        x = getattr(d, domain)(d.shape(min_dims=0))
+        return (lambda x: fn(x, **kw)), (x,)
+
+    return build
+
+
+for _op in ["neg", "exp", "expm1", "sin", "cos", "tanh", "sigmoid", "erf", "softplus", "silu"]:
+    ROWS.append(Row(_op, _op, _unary(_op)))
+for _op in ["log", "log1p", "sqrt", "rsqrt"]:
+    ROWS.append(Row(_op, _op, _unary(_op, "positive")))
+for _op in ["abs", "relu"]:
+    ROWS.append(Row(_op, f"{_op} (away from 0)", _unary(_op, "away")))
+ROWS.append(Row("gelu", "gelu exact", _unary("gelu")))
+ROWS.append(Row("gelu", "gelu tanh", _unary("gelu", approximate="tanh")))
+
+
+@row("leaky_relu", "leaky_relu (away from 0, drawn slope)")
+def _(d):
+    slope = d.pick([0.01, 0.2, 1.5])
+    return (lambda x: ops.leaky_relu(x, slope)), (d.away(d.shape(min_dims=0)),)
+
+
+@row("elu", "elu (away from 0, drawn alpha)")
+def _(d):
+    alpha = d.pick([1.0, 0.5, 2.0])
+    return (lambda x: ops.elu(x, alpha)), (d.away(d.shape(min_dims=0)),)
+
+
+@row("astype", "astype float64 -> float64", float32=False)
+def _(d):
+    return (lambda x: ops.astype(x, np.float64)), (d.normal(d.shape()),)
+
+
+# ---------------------------------------------------------------- elementwise, two inputs
+def _broadcast_pair(d: Draw):
+    """Two mutually broadcastable shapes: drawn, (3,1)x(1,4), or one side a 0-d scalar."""
+    kind = d.pick(["drawn", "3x1 by 1x4", "scalar left", "scalar right"], "broadcast")
+    if kind == "3x1 by 1x4":
+        return (3, 1), (1, 4)
+    if kind == "scalar left":
+        return (), d.shape()
+    if kind == "scalar right":
+        return d.shape(), ()
+    shapes = d(hnp.mutually_broadcastable_shapes(num_shapes=2, min_dims=0, max_dims=3, max_side=4), "shapes")
+    return shapes.input_shapes
+
+
+def _binary(op, a_domain="normal", b_domain="normal"):
+    fn = getattr(ops, op)
+
+    def build(d: Draw):
+        sa, sb = _broadcast_pair(d)
+        return fn, (getattr(d, a_domain)(sa), getattr(d, b_domain)(sb))
+
+    return build
+
+
+ROWS += [
+    Row("add", "add (broadcast)", _binary("add")),
+    Row("sub", "sub (broadcast)", _binary("sub")),
+    Row("mul", "mul (broadcast)", _binary("mul")),
+    Row("div", "div (broadcast, divisor away from 0)", _binary("div", "normal", "away")),
+    Row("pow", "pow (broadcast, positive base)", _binary("pow", "positive", "normal")),
+]
+
+
+@row("mul", "mul by a Python scalar")
+def _(d):
+    c = d.pick([-2.5, 0.5, 3.0])
+    side = d.pick(["left", "right"])
+    return ((lambda x: ops.mul(c, x)) if side == "left" else (lambda x: ops.mul(x, c))), (d.normal(d.shape()),)
+
+
+@row("pow", "pow with a Python exponent")
+def _(d):
+    p = d.pick([2, 3, 0.5, -1.5])
+    return (lambda x: ops.pow(x, p)), (d.positive(d.shape(min_dims=0)),)
+
+
+@row("pow", "pow with a Python base")
+def _(d):
+    base = d.pick([2.0, 0.5, 3.0])
+    return (lambda x: ops.pow(base, x)), (d.normal(d.shape(min_dims=0)),)
+
+
+def _minmax(op):
+    fn = getattr(ops, op)
+
+    def build(d: Draw):
+        sa, sb = _broadcast_pair(d)
+        # a and b cut from one set of distinct values: no ties between them.
+        both = d.distinct((2,) + np.broadcast_shapes(sa, sb))
+        return fn, (_shrink(both[0], sa), _shrink(both[1], sb))
+
+    return build
+
+
+def _shrink(full, shape):
+    """``full`` cut down to ``shape`` (first element along broadcast axes, leading axes dropped)."""
+    lead = full.ndim - len(shape)
+    out = full[(0,) * lead] if lead else full
+    return np.asarray(out[tuple(slice(0, 1) if s == 1 else slice(None) for s in shape)], np.float64)
+
+
+ROWS += [Row("maximum", "maximum (broadcast, no ties)", _minmax("maximum")),
+         Row("minimum", "minimum (broadcast, no ties)", _minmax("minimum"))]
+
+
+@row("where", "where (broadcast cond, a, b)")
+def _(d):
+    shapes = d(hnp.mutually_broadcastable_shapes(num_shapes=3, min_dims=0, max_dims=3, max_side=4), "shapes")
+    sc, sa, sb = shapes.input_shapes
+    cond = d.rng.random(sc) > 0.5
+    return (lambda a, b: ops.where(cond, a, b)), (d.normal(sa), d.normal(sb))
+
+
+@row("where", "where (3x1 cond, 1x4 a, scalar b)")
+def _(d):
+    cond = d.rng.random((3, 1)) > 0.5
+    return (lambda a, b: ops.where(cond, a, b)), (d.normal((1, 4)), d.normal(()))
+
+
+# ---------------------------------------------------------------- comparisons and constants
+@row("greater", kind="constant")
+def _(d):
+    s = d.shape()
+    return ops.greater, (d.distinct(s), d.distinct(s))
+
+
+@row("less", kind="constant")
+def _(d):
+    s = d.shape()
+    return ops.less, (d.distinct(s), d.normal(()))
+
+
+@row("equal", kind="constant")
+def _(d):
+    x = d.normal(d.shape())
+    return (lambda x: ops.equal(x, x)), (x,)
+
+
+@row("asarray", kind="constant")
+def _(d):
+    c = d.normal(d.shape())
+    return (lambda x: ops.asarray(c, like=x)), (d.normal(d.shape()),)
+
+
+@row("zeros_like", kind="constant")
+def _(d):
+    return ops.zeros_like, (d.normal(d.shape()),)
+
+
+@row("stop_gradient", kind="constant")
+def _(d):
+    return ops.stop_gradient, (d.normal(d.shape()),)
+
+
+# ---------------------------------------------------------------- linear algebra
+@row("matmul", "matmul (1-d, 2-d, batched broadcast)")
+def _(d):
+    n, k, m, b = (d.int(1, 4, name) for name in "nkmb")
+    case = d.pick(["vec.vec", "vec.mat", "mat.vec", "mat.mat", "batched.mat", "batch broadcast", "vec.batched"])
+    shapes = {
+        "vec.vec": ((k,), (k,)),
+        "vec.mat": ((k,), (k, m)),
+        "mat.vec": ((n, k), (k,)),
+        "mat.mat": ((n, k), (k, m)),
+        "batched.mat": ((b, n, k), (k, m)),
+        "batch broadcast": ((b, 1, n, k), (3, k, m)),
+        "vec.batched": ((k,), (b, k, m)),
+    }[case]
+    return ops.matmul, tuple(d.normal(s) for s in shapes)
+
+
+@row("einsum", "einsum (two operands, contractions, summed index)")
+def _(d):
+    i, j, k, b = (d.int(1, 4, name) for name in "ijkb")
+    spec, shapes = d.pick([
+        ("ij,jk->ik", ((i, j), (j, k))),
+        ("bij,bjk->bik", ((b, i, j), (b, j, k))),
+        ("ij,ij->i", ((i, j), (i, j))),
+        ("ij,k->k", ((i, j), (k,))),  # i and j are summed inside the first operand alone
+        ("i,j->ij", ((i,), (j,))),
+        ("ij,jk->", ((i, j), (j, k))),
+        ("ij->ji", ((i, j),)),
+        ("bij->bj", ((b, i, j),)),
+    ], "spec")
+    return (lambda *xs: ops.einsum(spec, *xs)), tuple(d.normal(s) for s in shapes)
+
+
+# ---------------------------------------------------------------- reductions
+def _reduction(op, domain="normal", **extra):
+    fn = getattr(ops, op)
+
+    def build(d: Draw):
+        shape = d.shape(min_dims=1)
+        axis = d.axis(len(shape))
+        keepdims = d(st.booleans(), "keepdims")
+        kw = {k: d.pick(v, k) for k, v in extra.items()}
+        return (lambda x: fn(x, axis=axis, keepdims=keepdims, **kw)), (getattr(d, domain)(shape),)
+
+    return build
+
+
+ROWS += [
+    Row("sum", "sum (axis None/int/tuple/negative, keepdims)", _reduction("sum")),
+    Row("mean", "mean (axis, keepdims)", _reduction("mean")),
+    Row("max", "max (axis, keepdims, no ties)", _reduction("max", "distinct")),
+    Row("min", "min (axis, keepdims, no ties)", _reduction("min", "distinct")),
+    Row("logsumexp", "logsumexp (axis, keepdims)", _reduction("logsumexp")),
+]
+
+
+@row("var", "var (axis, keepdims, ddof)")
+def _(d):
+    shape = d.shape(min_dims=1, min_side=2)
+    axis = d.axis(len(shape))
+    keepdims, ddof = d(st.booleans(), "keepdims"), d.pick([0, 1], "ddof")
+    return (lambda x: ops.var(x, axis=axis, keepdims=keepdims, ddof=ddof)), (d.normal(shape),)
+
+
+def _softmax(op):
+    fn = getattr(ops, op)
+
+    def build(d: Draw):
+        shape = d.shape(min_dims=1, min_side=2)  # softmax over one element is constant
+        axis = d.axis(len(shape), allow_none=False, allow_tuple=False)
+        return (lambda x: fn(x, axis=axis)), (d.normal(shape),)
+
+    return build
+
+
+ROWS += [Row("softmax", "softmax (axis)", _softmax("softmax")),
+         Row("log_softmax", "log_softmax (axis)", _softmax("log_softmax"))]
+
+
+# ---------------------------------------------------------------- shapes
+@row("reshape")
+def _(d):
+    shape = d.shape(min_dims=1)
+    size = int(np.prod(shape))
+    target = d.pick([(size,), (1, size), tuple(reversed(shape)), (-1,) + tuple(shape[1:]), (size, 1, 1)], "target")
+    return (lambda x: ops.reshape(x, target)), (d.normal(shape),)
+
+
+@row("transpose", "transpose (permutations, negative axes, None)")
+def _(d):
+    shape = d.shape(min_dims=1, max_dims=4, max_side=3)
+    n = len(shape)
+    perm = d(st.permutations(range(n)), "perm")
+    axes = d.pick(["none", "perm", "some negative"], "axes kind")
+    if axes == "none":
+        axes = None
+    elif axes == "perm":
+        axes = tuple(perm)
+    else:  # a mix of signs: all-negative axes sort like positive ones and hide bugs
+        axes = tuple(a - n if d(st.booleans(), f"negative {a}") else a for a in perm)
+    return (lambda x: ops.transpose(x, axes)), (d.normal(shape),)
+
+
+@row("broadcast_to", "broadcast_to (stretched and new leading axes)")
+def _(d):
+    target = d.shape(min_dims=1)
+    ndim = d.int(0, len(target), "source ndim")
+    source = tuple(1 if d(st.booleans(), f"stretch {i}") else s for i, s in enumerate(target[len(target) - ndim:]))
+    return (lambda x: ops.broadcast_to(x, target)), (d.normal(source),)
+
+
+@row("concatenate", "concatenate (1-3 arrays, axis incl. negative)")
+def _(d):
+    shape = list(d.shape(min_dims=1))
+    axis = d.int(-len(shape), len(shape) - 1, "axis")
+    k = d.int(1, 3, "count")
+    arrays = []
+    for i in range(k):
+        s = list(shape)
+        s[axis] = d.int(1, 3, f"length {i}")
+        arrays.append(d.normal(tuple(s)))
+    return (lambda *xs: ops.concatenate(list(xs), axis=axis)), tuple(arrays)
+
+
+@row("stack", "stack (1-3 arrays, axis incl. negative)")
+def _(d):
+    shape = d.shape(min_dims=0)
+    axis = d.int(-len(shape) - 1, len(shape), "axis")
+    k = d.int(1, 3, "count")
+    return (lambda *xs: ops.stack(list(xs), axis=axis)), tuple(d.normal(shape) for _ in range(k))
+
+
+def _index(d: Draw, shape):
+    """A numpy index into ``shape`` (ndim >= 2, sides >= 3): slices, steps, ints, arrays with repeats."""
+    n0, n1 = shape[0], shape[1]
+    kind = d.pick(["slice", "step", "negative step", "int", "int array repeats", "2-d int array",
+                   "mixed", "ellipsis and None", "bool mask"], "index kind")
+    if kind == "slice":
+        return (slice(1, None), slice(0, n1 - 1))
+    if kind == "step":
+        return (slice(None, None, 2), slice(1, None, d.int(1, 3, "step")))
+    if kind == "negative step":
+        return (slice(None, None, -1), slice(None, None, -2))
+    if kind == "int":
+        return (d.int(-n0, n0 - 1, "int"),)
+    if kind == "int array repeats":
+        return d.rng.integers(0, n0, size=d.int(1, 6, "count"))
+    if kind == "2-d int array":
+        return (d.rng.integers(0, n0, size=(2, 3)),)
+    if kind == "mixed":
+        return (slice(None), np.array([0, n1 - 1, 0, 1]))
+    if kind == "ellipsis and None":
+        return (Ellipsis, None, slice(0, 2))
+    mask = d.rng.random(shape[:1]) > 0.4
+    mask[0] = True  # an empty selection would make the check vacuous
+    return mask
+
+
+@row("getitem", "getitem (slices, steps, ints, integer arrays with repeats, masks)")
+def _(d):
+    shape = d.shape(min_dims=2, max_dims=3, min_side=3, max_side=4)
+    index = _index(d, shape)
+    return (lambda x: ops.getitem(x, index)), (d.normal(shape),)
+
+
+@row("getitem", "Tensor[...] operator")
+def _(d):
+    shape = d.shape(min_dims=2, max_dims=3, min_side=3, max_side=4)
+    index = _index(d, shape)
+    return (lambda x: x[index]), (d.normal(shape),)
+
+
+@row("take", "take (embedding gather with repeats, axis)")
+def _(d):
+    shape = d.shape(min_dims=1, max_dims=3, min_side=2)
+    axis = d.int(-len(shape), len(shape) - 1, "axis")
+    idx_shape = d.pick([(5,), (2, 3), ()], "indices shape")
+    indices = d.rng.integers(0, shape[axis], size=idx_shape)
+    return (lambda x: ops.take(x, indices, axis=axis)), (d.normal(shape),)
+
+
+@row("pad", "pad (per-axis widths, value)")
+def _(d):
+    shape = d.shape(min_dims=1)
+    widths = tuple((d.int(0, 2, f"before {i}"), d.int(0, 2, f"after {i}")) for i in range(len(shape)))
+    value = d.pick([0.0, -1.5])
+    return (lambda x: ops.pad(x, widths, value=value)), (d.normal(shape),)
+
+
+# ---------------------------------------------------------------- convolution and pooling
+def _conv_config(d: Draw, nd: int, transposed: bool):
+    groups = d.int(1, 2, "groups")
+    cin, cout = groups * d.int(1, 2, "in per group"), groups * d.int(1, 2, "out per group")
+    k = tuple(d.int(1, 3, "kernel") for _ in range(nd))
+    stride = d.int(1, 2, "stride")
+    dilation = d.int(1, 2, "dilation")
+    n = d.int(1, 2, "batch")
+    bias = d(st.booleans(), "bias")
+    if transposed:
+        # Padding at most half the dilated kernel, so the output is never empty.
+        padding = d.int(0, builtins.min(1, dilation * (builtins.min(k) - 1) // 2), "padding")
+        output_padding = d.int(0, max(stride, dilation) - 1, "output_padding")
+        spatial = tuple(d.int(2, 4, "size") for _ in range(nd))  # size 1 with padding can crop to holes only
+        w_shape = (cin, cout // groups) + k
+        kw = dict(stride=stride, padding=padding, output_padding=output_padding, dilation=dilation, groups=groups)
+    else:
+        # An int padding up to the dilated kernel's reach, so no output sees padding only.
+        pad = builtins.min(1, dilation * (builtins.min(k) - 1))
+        padding = d.pick([0, pad, "same", "valid"] if stride == 1 else [0, pad, "valid"], "padding")
+        spatial = tuple(dilation * (ki - 1) + 1 + d.int(0, 3, "extra") for ki in k)
+        w_shape = (cout, cin // groups) + k
+        kw = dict(stride=stride, padding=padding, dilation=dilation, groups=groups)
+    x = d.normal((n, cin) + spatial)
+    w = d.normal(w_shape)
+    b = d.normal((w_shape[1] * groups if transposed else cout,))
+    return x, w, (b if bias else None), kw
+
+
+def _conv_row(nd, transposed):
+    fn = ops.conv_transpose if transposed else ops.conv
+
+    def build(d: Draw):
+        x, w, b, kw = _conv_config(d, nd, transposed)
+        if b is None:
+            return (lambda x, w: fn(x, w, **kw)), (x, w)
+        return (lambda x, w, b: fn(x, w, b, **kw)), (x, w, b)
+
+    return build
+
+
+ROWS += [
+    Row("conv", "conv 1-d (stride, padding, 'same', dilation, groups, bias)", _conv_row(1, False)),
+    Row("conv", "conv 2-d (stride, padding, 'same', dilation, groups, bias)", _conv_row(2, False)),
+    Row("conv_transpose", "conv_transpose 1-d (output_padding, groups)", _conv_row(1, True)),
+    Row("conv_transpose", "conv_transpose 2-d (output_padding, groups)", _conv_row(2, True)),
+]
+
+
+def _pool_config(d: Draw):
+    k = (d.int(1, 3, "kh"), d.int(1, 3, "kw"))
+    stride = d.pick([None, 1, 2, (1, 2)], "stride")
+    padding = (d.int(0, k[0] // 2, "ph"), d.int(0, k[1] // 2, "pw"))
+    shape = (d.int(1, 2, "n"), d.int(1, 2, "c"), k[0] + d.int(0, 3, "h"), k[1] + d.int(0, 3, "w"))
+    return shape, k, stride, padding
+
+
+@row("max_pool2d", "max_pool2d (kernel, stride, padding; no ties)")
+def _(d):
+    shape, k, stride, padding = _pool_config(d)
+    return (lambda x: ops.max_pool2d(x, k, stride, padding)), (d.distinct(shape),)
+
+
+@row("avg_pool2d", "avg_pool2d (count_include_pad both ways)")
+def _(d):
+    shape, k, stride, padding = _pool_config(d)
+    include = d(st.booleans(), "count_include_pad")
+    return (lambda x: ops.avg_pool2d(x, k, stride, padding, count_include_pad=include)), (d.normal(shape),)
+
+
+@row("adaptive_avg_pool2d", "adaptive_avg_pool2d (non-divisible and upsampling sizes)")
+def _(d):
+    h, w = d.int(1, 7, "h"), d.int(1, 7, "w")
+    out = (d.int(1, h + 1, "oh"), d.int(1, w + 1, "ow"))
+    out = out[0] if out[0] == out[1] and d(st.booleans(), "int size") else out
+    return (lambda x: ops.adaptive_avg_pool2d(x, out)), (d.normal((d.int(1, 2, "n"), d.int(1, 2, "c"), h, w)),)
+
+
+# ---------------------------------------------------------------- the tests
+def test_every_op_has_a_row():
+    covered = {r.op for r in ROWS}
+    missing = sorted(set(ops.__all__) - covered)
+    assert not missing, (
+        f"ops without a VJP test row: {missing}; add a row to tests/test_tape_vjp.py "
+        "(a `@row(\"name\")` builder returning (f, args))"
+    )
+    unknown = sorted(covered - set(ops.__all__))
+    assert not unknown, f"rows name ops that gradcheck.ops does not export: {unknown}"
+
+
+def _check_float32(row: Row, f, args):
+    """float32 in -> float32 out and float32 gradients (no silent float64 promotion)."""
+    args32 = [a.astype(np.float32) if isinstance(a, np.ndarray) and a.dtype == np.float64 else a for a in args]
+    tensors = [Tensor(a, requires_grad=True) if isinstance(a, np.ndarray) and a.dtype.kind == "f" else a for a in args32]
+    out = f(*tensors)
+    assert out.dtype == np.float32, f"{row.label}: float32 inputs gave a {out.dtype} output"
+    float_inputs = [t for t in tensors if isinstance(t, Tensor)]
+    grads = tape.grad(out, float_inputs, cotangent=np.ones(out.shape, np.float32))
+    for i, g in enumerate(grads):
+        assert g.dtype == np.float32, f"{row.label}: float32 input {i} got a {g.dtype} gradient"
+
+
+VJP_ROWS = [r for r in ROWS if r.kind == "vjp"]
+CONSTANT_ROWS = [r for r in ROWS if r.kind == "constant"]
+
+
+@pytest.mark.parametrize("row", VJP_ROWS, ids=[r.label for r in VJP_ROWS])
+@SETTINGS
+@given(data=st.data())
+def test_vjp(row: Row, data):
+    d = Draw(data)
+    f, args = row.build(d)
+    check_vjp(f, args, name=row.label, seed=d.seed)
+    if row.float32:
+        _check_float32(row, f, args)
+
+
+@pytest.mark.parametrize("row", CONSTANT_ROWS, ids=[r.label for r in CONSTANT_ROWS])
+@settings(max_examples=5, deadline=None)
+@given(data=st.data())
+def test_constant_ops_carry_no_gradient(row: Row, data):
+    f, args = row.build(Draw(data))
+    expected = np.asarray(f(*args))
+    out = f(*(Tensor(a, requires_grad=True) for a in args))
+    assert not (isinstance(out, Tensor) and out.requires_grad), f"{row.label} returned a tensor that requires grad"
+    np.testing.assert_array_equal(np.asarray(tape.raw(out)), expected, err_msg=f"{row.label}: tape vs numpy value")
+
+
+def test_stop_gradient_cuts_one_path_only():
+    # d/dx [stop(x) * x] = stop(x): the gradient flows through the second factor only.
+    x = np.array([0.5, -2.0, 3.0])
+    t = Tensor(x, requires_grad=True)
+    (g,) = tape.grad(ops.sum(ops.mul(ops.stop_gradient(t), t)), [t])
+    np.testing.assert_allclose(g, x)
+
+
+# ---------------------------------------------------------------- integer and bool arrays
+@pytest.mark.parametrize("dtype", [np.int64, np.int32, np.bool_])
+def test_integer_and_bool_tensors_cannot_require_grad(dtype):
+    with pytest.raises(TypeError, match=f"dtype {np.dtype(dtype)}.*only float arrays are differentiated"):
+        Tensor(np.zeros(3, dtype), requires_grad=True)
+
+
+def test_integer_results_are_never_differentiated():
+    x = Tensor(np.array([0.2, -1.0, 3.0]), requires_grad=True)
+    mask = ops.greater(x, 0.0)
+    assert mask.dtype == np.bool_ and not isinstance(mask, Tensor)
+    # A float op on an int tensor is fine, but nothing integer joins the graph.
+    idx = Tensor(np.array([2, 0]))
+    assert not ops.add(idx, 1).requires_grad
+    (g,) = tape.grad(ops.sum(ops.where(mask, x, 0.0)), [x])
+    np.testing.assert_array_equal(g, [1.0, 0.0, 1.0])
+
+
+# ---------------------------------------------------------------- negative controls
+# A checker that cannot fail proves nothing: each deliberately wrong VJP below
+# must be caught.  Inputs are fixed so the controls are deterministic.
+R = np.random.default_rng(1234)
+X34, Y34 = R.standard_normal((3, 4)), R.standard_normal((3, 4))
+X14 = R.standard_normal((1, 4))
+CONV_X, CONV_W = R.standard_normal((2, 2, 5, 5)), R.standard_normal((3, 2, 3, 3))
+
+
+def _scaled(vjp, factor=1.01):
+    return lambda g, ans, *a, **k: ops.mul(vjp(g, ans, *a, **k), factor)
+
+
+def _flip_kernel(g, ans, x, w, geom, nd):
+    return tape_ops._conv_input_grad(g, w[..., ::-1, ::-1], geom=geom, nd=nd)
+
+
+NEGATIVE = [
+    # (label, primitive, argnum or "any", wrong vjp builder, f, args)
+    ("mul scaled by 1.01", tape_ops.mul, 0, lambda old: _scaled(old), ops.mul, (X34, Y34)),
+    ("add broadcast not undone in b", tape_ops.add, 1, lambda old: (lambda g, ans, a, b: g), ops.add, (X34, X14)),
+    ("tanh drops the ans^2 term", tape_ops.tanh, 0, lambda old: (lambda g, ans, x: g), ops.tanh, (X34,)),
+    ("softmax drops the sum term", tape_ops.softmax, 0,
+     lambda old: (lambda g, ans, x, axis=-1: ops.mul(ans, g)), ops.softmax, (X34,)),
+    ("sum scaled by 1.01", tape_ops.sum, 0, lambda old: _scaled(old), lambda x: ops.sum(x, axis=1), (X34,)),
+    ("matmul wrt b without transposing a", tape_ops._matmul, 1,
+     lambda old: (lambda g, ans, a, b: ops.matmul(a, g)),
+     ops.matmul, (R.standard_normal((3, 3)), R.standard_normal((3, 3)))),
+    ("conv input grad with a flipped kernel", tape_ops._conv, 0, lambda old: _flip_kernel,
+     lambda x, w: ops.conv(x, w, padding=1), (CONV_X, CONV_W)),
+    ("conv weight grad scaled by 1.01", tape_ops._conv, 1, lambda old: _scaled(old),
+     lambda x, w: ops.conv(x, w, stride=2), (CONV_X, CONV_W)),
+    ("transpose VJP uses the permutation, not its inverse", tape_ops.transpose, 0,
+     lambda old: (lambda g, ans, x, axes=None: ops.transpose(g, axes)),
+     lambda x: ops.transpose(x, (1, 2, 0)), (R.standard_normal((2, 3, 4)),)),
+    ("max_pool2d scaled by 1.01", tape_ops._max_pool, 0, lambda old: _scaled(old),
+     lambda x: ops.max_pool2d(x, 2), (R.permutation(50).reshape(1, 2, 5, 5) / 10.0,)),
+    ("log VJP 1/x^2", tape_ops.log, 0, lambda old: (lambda g, ans, x: ops.div(g, ops.mul(x, x))),
+     ops.log, (R.uniform(0.5, 2.0, (3, 4)),)),
+]
+
+
+@pytest.mark.parametrize("case", NEGATIVE, ids=[c[0] for c in NEGATIVE])
+def test_checker_catches_a_wrong_vjp(case, monkeypatch):
+    label, prim, argnum, wrong, f, args = case
+    check_vjp(f, args, name=label)  # the control is only meaningful if the right VJP passes
+    monkeypatch.setitem(prim.vjps, argnum, wrong(prim.vjps[argnum]))
+    with pytest.raises(VjpMismatch, match=rf"wrt arg {argnum}: tape .* vs numeric|gradient shape"):
+        check_vjp(f, args, name=label)
+
+
+def test_checker_catches_a_wrong_variadic_vjp(monkeypatch):
+    # einsum and concatenate share one VJP for all operands (vjp_any).
+    a, b = R.standard_normal((3, 4)), R.standard_normal((4, 2))
+    f = lambda a, b: ops.einsum("ij,jk->ik", a, b)
+    check_vjp(f, (a, b), name="einsum")
+    old = tape_ops._einsum.vjp_any
+    monkeypatch.setattr(tape_ops._einsum, "vjp_any",
+                        lambda n, g, ans, *xs, **k: ops.mul(old(n, g, ans, *xs, **k), 1.0 if n == 0 else 1.01))
+    with pytest.raises(VjpMismatch, match=r"wrt arg 1: tape"):
+        check_vjp(f, (a, b), name="einsum")
+
+
+def test_checker_catches_a_scatter_that_drops_repeats(monkeypatch):
+    # Embedding gradients must add up repeated indices: assignment would keep only one.
+    x, idx = R.standard_normal((4, 3)), np.array([1, 1, 2, 1])
+    f = lambda x: ops.take(x, idx)
+    check_vjp(f, (x,), name="take")
+
+    def assign(g, index, shape):
+        out = np.zeros(shape, g.dtype)
+        out[index] = g
+        return out
+
+    monkeypatch.setattr(tape_ops._index_add, "forward", assign)
+    with pytest.raises(VjpMismatch, match="wrt arg 0: tape"):
+        check_vjp(f, (x,), name="take")
+
+
+def test_checker_refuses_a_kink_within_the_step():
+    # Inputs 1.5 steps from relu's kink: for many directions the kink falls
+    # between the step h and 2h, and the two central differences disagree.
+    with pytest.raises(VjpMismatch, match="unstable"):
+        check_vjp(ops.relu, (np.full(50, 1.5e-5),), name="relu near 0")
+
+
+def test_checker_fails_at_a_kink():
+    # Exactly at 0 the central difference sees slope 1/2, the tape (as torch) 0.
+    with pytest.raises(VjpMismatch, match="wrt arg 0: tape"):
+        check_vjp(ops.relu, (np.array([0.0, 1.0, -1.0]),), name="relu at 0")
+
+
+def test_checker_refuses_a_vacuous_check():
+    with pytest.raises(VjpMismatch, match="depends on none"):
+        check_vjp(lambda x: ops.mul(x, 0.0), (np.ones(3),), name="times zero")
+
+
+def test_checker_messages_label_both_sides(monkeypatch):
+    monkeypatch.setitem(tape_ops.exp.vjps, 0, _scaled(tape_ops.exp.vjps[0]))
+    with pytest.raises(VjpMismatch) as info:
+        check_vjp(ops.exp, (X34,), name="exp")
+    msg = str(info.value)
+    assert msg.startswith("vjp of exp wrt arg 0: tape ") and " vs numeric " in msg and "tol" in msg
