@@ -1,0 +1,166 @@
+"""The HTML report in a real headless Chromium: loads cleanly, sorts, filters, escapes, shows the blamed leaf.
+
+Uses the system's Chromium (``GRADCHECK_CHROMIUM``, else ``chromium`` on PATH),
+never a downloaded browser; skips when either Chromium or Playwright is missing.
+Set ``GRADCHECK_REPORT_SCREENSHOT=/some/file.png`` to keep a copy of the
+disagreement report's screenshot.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+import pytest
+import report_fixtures as fx
+
+from gradcheck import reports
+
+pytestmark = pytest.mark.browser
+
+sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install playwright)")
+
+CHROMIUM = os.environ.get("GRADCHECK_CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
+if not CHROMIUM or not os.path.exists(CHROMIUM):
+    pytest.skip("no Chromium found: install it (apt-get install chromium) or set GRADCHECK_CHROMIUM",
+                allow_module_level=True)
+
+
+@pytest.fixture(scope="module")
+def browser(tmp_path_factory):
+    with sync_api.sync_playwright() as p:
+        try:
+            context = p.chromium.launch_persistent_context(
+                str(tmp_path_factory.mktemp("chromium-profile")), executable_path=CHROMIUM, headless=True,
+                args=["--no-sandbox", "--disable-gpu", "--disable-background-networking"],
+                viewport={"width": 1366, "height": 900})
+        except Exception as exc:  # a Chromium that cannot start here (missing libraries) is a skip, not a fail
+            pytest.skip(f"Chromium at {CHROMIUM} did not start: {exc}")
+        yield context
+        context.close()
+
+
+class Page:
+    """A loaded report with everything that must not happen recorded."""
+
+    def __init__(self, context, path):
+        self.page = context.new_page()
+        self.console_errors, self.dialogs, self.requests = [], [], []
+        self.page.on("console", lambda m: self.console_errors.append(m.text) if m.type == "error" else None)
+        self.page.on("pageerror", lambda exc: self.console_errors.append(str(exc)))
+        self.page.on("dialog", self._dialog)
+        self.page.on("request", lambda r: self.requests.append(r.url) if not r.url.startswith(("file:", "data:"))
+                     else None)
+        self.page.goto(path.as_uri())
+        self.page.wait_for_load_state("load")
+
+    def _dialog(self, dialog):
+        self.dialogs.append(dialog.message)
+        dialog.dismiss()
+
+    def table(self, case: int):
+        return self.page.locator(f".leaftable[data-case='{case}']")
+
+    def visible_paths(self, case: int) -> list[str]:
+        return self.table(case).locator("tbody tr:not([hidden]) td.path").all_inner_texts()
+
+    def assert_clean(self):
+        assert self.console_errors == []
+        assert self.dialogs == []
+        assert self.requests == []
+
+
+@pytest.fixture
+def disagreement(browser, tmp_path):
+    path = reports.write_html(fx.mixed_run(), tmp_path / "report.html")
+    page = Page(browser, path)
+    yield page
+    page.page.close()
+
+
+def test_loads_without_console_errors(disagreement):
+    disagreement.assert_clean()
+    assert "10 of 10 leaves shown" in disagreement.table(0).locator(".shown").inner_text()
+
+
+def test_sorting_reorders_rows(disagreement):
+    t = disagreement
+    forward = t.visible_paths(0)
+    assert forward[0] == "features.0.weight"
+    t.table(0).locator("th[data-k=h] button").click()  # headroom: worst first
+    by_headroom = t.visible_paths(0)
+    assert by_headroom[0] == "features.3.weight"
+    assert by_headroom != forward and sorted(by_headroom) == sorted(forward)
+    assert t.table(0).locator("th[data-k=h]").get_attribute("aria-sort") == "descending"
+    t.table(0).locator("th[data-k=h] button").click()
+    assert t.visible_paths(0)[-2] == "features.3.weight"  # ascending; the skipped leaf (no number) stays last
+    t.table(0).locator("th[data-k=p] button").click()
+    assert t.visible_paths(0) == sorted(forward)
+    t.assert_clean()
+
+
+def test_filters_hide_agreeing_rows(disagreement):
+    t = disagreement
+    table = t.table(0)
+    table.locator("select[data-f=verdict]").select_option("disagree")
+    assert t.visible_paths(0) == ["features.3.weight"]
+    assert table.locator("tbody tr[hidden]").count() == 9
+    assert "1 of 10 leaves shown" in table.locator(".shown").inner_text()
+    table.locator("select[data-f=verdict]").select_option("")
+    table.locator("input[data-f=failing]").check()
+    assert t.visible_paths(0) == ["features.3.weight"]
+    table.locator("input[data-f=failing]").uncheck()
+    table.locator("select[data-f=blame]").select_option("jax")
+    assert t.visible_paths(0) == ["features.3.weight"]
+    table.locator("select[data-f=blame]").select_option("tape")
+    assert t.visible_paths(0) == []
+    table.locator("select[data-f=blame]").select_option("")
+    table.locator("input[data-f=text]").fill("classifier")
+    assert t.visible_paths(0) == ["classifier.weight", "classifier.bias"]
+    t.assert_clean()
+
+
+def test_hostile_names_are_text(browser, tmp_path):
+    path = reports.write_html(fx.hostile_run(), tmp_path / "hostile.html")
+    t = Page(browser, path)
+    t.page.wait_for_timeout(200)  # give any injected script a chance to run
+    t.assert_clean()
+    assert t.page.evaluate("document.querySelectorAll('script').length") == 2
+    assert t.page.evaluate("[...document.querySelectorAll('b')].filter(b => b.textContent === 'Evil').length") == 0
+    assert f"{fx.HOSTILE}.weight" in t.visible_paths(0)
+    body = t.page.locator("body").inner_text()
+    assert f"{fx.HOSTILE}.weight" in body
+    assert "<script>alert(2)</script>" in body  # the command, shown as text
+    t.page.close()
+
+
+def test_screenshot_shows_blamed_leaf(disagreement, tmp_path):
+    t = disagreement
+    row = t.table(0).locator("tbody tr", has_text="features.3.weight")
+    assert row.is_visible()
+    assert "jax" in row.locator("td.blame").inner_text()
+    tree_row = t.page.locator("#case-0 .trow.leaf.v-disagree")
+    assert tree_row.is_visible() and "blamed: jax" in tree_row.inner_text()
+    # The first screen, before any scrolling, must already name the blamed leaf.
+    top = t.page.locator("header.top tbody tr", has_text="features.3.weight")
+    box = top.bounding_box()
+    assert box is not None and box["y"] + box["height"] <= 900
+    shot = tmp_path / "disagreement.png"
+    t.page.screenshot(path=str(shot), full_page=True)
+    assert shot.stat().st_size > 10_000
+    keep = os.environ.get("GRADCHECK_REPORT_SCREENSHOT")
+    if keep:
+        shutil.copyfile(shot, keep)
+    t.assert_clean()
+
+
+def test_link_opens_collapsed_card(browser, tmp_path):
+    run = fx.many_failures_run(cases=1, leaves=10)
+    path = reports.write_html(run, tmp_path / "many.html")
+    t = Page(browser, path)
+    card = t.page.locator("#c0-leaf7")
+    assert card.get_attribute("open") is None  # beyond the first few cards, collapsed
+    t.page.locator("header.top a", has_text="block7.conv.weight").click()
+    assert card.get_attribute("open") is not None
+    t.assert_clean()
+    t.page.close()
