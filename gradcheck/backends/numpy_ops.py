@@ -139,7 +139,19 @@ def stack(xs, axis=0):
 
 
 def getitem(x, index):
-    return np.asarray(x)[index]
+    return np.asarray(x)[check_index(index)]
+
+
+def check_index(index, op="getitem"):
+    """``index`` unchanged if numpy can index with it; a float array index is refused by name."""
+    for item in index if isinstance(index, tuple) else (index,):
+        dtype = getattr(item, "dtype", None)
+        if dtype is not None and np.dtype(dtype).kind not in "biu":
+            raise TypeError(
+                f"{op}: an index array of dtype {dtype} (shape {tuple(np.shape(item))}); expected an integer "
+                "or bool array, ints or slices (cast float indices with .astype(np.int64))"
+            )
+    return index
 
 
 def pad(x, pad_width, value=0.0):

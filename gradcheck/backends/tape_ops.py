@@ -312,10 +312,18 @@ _getitem = _p("getitem", lambda x, index: x[index]).defvjp(
     lambda g, ans, x, index: _index_add(g, index=index, shape=_shape(x)))
 
 
+def _plain_index(item):
+    # Integer arrays handed to f (token ids, labels) arrive as constant tape
+    # tensors; as indices they are plain numpy.  A float tensor is refused by
+    # check_index below.
+    return item.value if isinstance(item, Tensor) and not item.requires_grad else item
+
+
 def getitem(x, index):
+    index = tuple(_plain_index(i) for i in index) if isinstance(index, tuple) else _plain_index(index)
     if isinstance(index, Tensor) or (isinstance(index, tuple) and builtins.any(isinstance(i, Tensor) for i in index)):
-        raise TypeError("getitem: an index must be ints, slices or numpy integer arrays, not a tape Tensor")
-    return _getitem(x, index=index)
+        raise TypeError("getitem: an index must be ints, slices or integer arrays, not a tensor that requires grad")
+    return _getitem(x, index=npo.check_index(index))
 
 
 pad = _p("pad", npo.pad).defvjp(
