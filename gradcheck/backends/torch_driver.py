@@ -1,0 +1,142 @@
+"""The PyTorch backend driver: ``torch.autograd`` on the same numpy bits the tape gets.
+
+torch is imported on the first evaluation, never by ``import gradcheck``.
+The device is "cpu" unless ``GRADCHECK_TORCH_DEVICE`` (or the ``device``
+attribute) names another, e.g. "cuda"; the same cases then run on a GPU.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import numpy as np
+
+from gradcheck.backends.base import (
+    Backend,
+    Evaluation,
+    all_leaves,
+    arg_prefixes,
+    map_output,
+    read_buffers,
+    split_output,
+)
+from gradcheck.tree import Leaf, map_leaves
+
+DEVICE_ENV = "GRADCHECK_TORCH_DEVICE"
+
+_configured = False
+
+
+def _configure(torch) -> None:
+    """Make torch compute what it says: full float32 matmuls, deterministic kernels."""
+    global _configured
+    if _configured:
+        return
+    # TF32 rounds float32 matmul inputs to 10 mantissa bits on Ampere+ GPUs,
+    # which would show up as disagreements that are not bugs.
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    # Ops without a deterministic kernel warn instead of failing the case.
+    _use_deterministic_algorithms(torch)
+    _configured = True
+
+
+def _use_deterministic_algorithms(torch) -> None:
+    """``torch.use_deterministic_algorithms(True, warn_only=True)``, without its import cost.
+
+    The public call imports torch._inductor (seconds, on first use) only to set
+    torch.compile's flag; gradcheck never compiles, so when inductor is not
+    loaded yet the same switch is set directly.
+    """
+    setter = getattr(torch._C, "_set_deterministic_algorithms", None)
+    if "torch._inductor" in sys.modules or setter is None:
+        torch.use_deterministic_algorithms(True, warn_only=True)
+    else:
+        setter(True, warn_only=True)
+
+
+class TorchBackend(Backend):
+    name = "torch"
+    module = "torch"
+    install_hint = (
+        "install the CPU build with `pip install torch==2.13.0 --index-url "
+        "https://download.pytorch.org/whl/cpu`, or, after installing a CPU torch, "
+        "`pip install 'gradcheck[torch]'`"
+    )
+
+    def __init__(self, device: str | None = None):
+        self.device = device or os.environ.get(DEVICE_ENV) or "cpu"
+
+    def evaluate(self, f, args, prefixes=None) -> Evaluation:
+        self.require()
+        import torch
+
+        _configure(torch)
+        prefixes = arg_prefixes(args, prefixes)
+        leaves = all_leaves(args, prefixes)
+        tracked: dict[str, torch.Tensor] = {}
+        nested = False
+
+        def to_tensor(path, value, kind):
+            nonlocal nested
+            trainable = Leaf(path, value, kind).trainable
+            if isinstance(value, torch.Tensor) and value.requires_grad:
+                # Called inside an outer torch gradient: stay linked to the outer
+                # graph so the result is differentiable (gradients of gradients).
+                nested = True
+                t = value.clone() if trainable else value.detach().clone()
+            elif isinstance(value, torch.Tensor):
+                t = value.detach().clone().to(self.device).requires_grad_(trainable)
+            else:
+                # A copy: torch must not share (and possibly write into) the caller's arrays.
+                t = torch.from_numpy(np.array(value, order="C", copy=True)).to(self.device)
+                t.requires_grad_(trainable)
+            if trainable:
+                tracked[path] = t
+            return t
+
+        targs = [map_leaves(a, to_tensor, p) for a, p in zip(args, prefixes, strict=True)]
+        out = f(*targs)
+        loss, value = split_output(out)
+        _check_loss(loss, torch)
+        paths = list(tracked)
+        grads = _grads(torch, loss, [tracked[p] for p in paths], nested)
+        keep = (lambda x: x) if nested else _to_numpy
+        return Evaluation(
+            value=map_output(value, keep),
+            grads=dict(zip(paths, (keep(g) for g in grads), strict=True)),
+            buffers=read_buffers(targs, prefixes, keep),
+            leaves=leaves,
+        )
+
+
+def _to_numpy(x):
+    if hasattr(x, "detach"):
+        return x.detach().cpu().numpy()
+    return np.asarray(x)
+
+
+def _check_loss(loss, torch) -> None:
+    if not isinstance(loss, torch.Tensor):
+        raise TypeError(
+            f"the function returned a {type(loss).__name__}, not a torch tensor; "
+            "it must compute its loss from its arguments with gradcheck.ops"
+        )
+    if loss.numel() != 1:
+        raise ValueError(
+            f"the loss has shape {tuple(loss.shape)}; it must be a scalar "
+            "(reduce it first, e.g. ops.sum(ops.mul(output, cotangent)))"
+        )
+    if not loss.is_floating_point():
+        raise TypeError(f"the loss has dtype {loss.dtype}; only a float loss can be differentiated")
+
+
+def _grads(torch, loss, wrt, create_graph):
+    """d loss / d wrt, with zeros where the loss does not depend on a tensor (as the tape gives)."""
+    if not wrt:
+        return []
+    if not loss.requires_grad:  # the loss uses no trainable leaf at all
+        return [torch.zeros_like(t) for t in wrt]
+    grads = torch.autograd.grad(loss.reshape(()), wrt, allow_unused=True, create_graph=create_graph)
+    return [torch.zeros_like(t) if g is None else g for g, t in zip(grads, wrt, strict=True)]

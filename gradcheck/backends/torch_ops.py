@@ -1,0 +1,584 @@
+"""PyTorch implementations of ``gradcheck.ops``.
+
+Every op of ``gradcheck.ops`` is defined here with torch / torch.nn.functional,
+with numpy's conventions for axes (``axis`` an int, a tuple or None;
+``keepdims``), broadcasting and indexing, and PyTorch's layouts (NCHW, OIHW,
+transposed-convolution weights ``(in, out/groups, *kernel)``).
+
+Constants may be numpy arrays or Python scalars.  A float numpy constant takes
+the dtype of the torch tensor it meets (a float64 scale must not turn a
+float32 activation into float64, which is what numpy-style promotion of two
+tensors would do); integer and bool constants keep their dtype.  Everything
+lands on the device of the tensor it meets.
+"""
+
+from __future__ import annotations
+
+import builtins
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+# ---------------------------------------------------------------- conversion
+_SCALARS = (bool, int, float)
+
+
+def _torch_dtype(dtype) -> torch.dtype:
+    """A numpy dtype (or its name, or a torch dtype) as a torch dtype."""
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    name = np.dtype(dtype).name
+    found = getattr(torch, name, None)
+    if not isinstance(found, torch.dtype):
+        raise TypeError(f"dtype {name!r} has no torch equivalent; use a float, int or bool dtype")
+    return found
+
+
+def _numpy_to_torch(value, device, dtype=None) -> torch.Tensor:
+    arr = np.asarray(value)
+    if arr.dtype.kind not in "biuf":
+        raise TypeError(
+            f"cannot pass a numpy array of dtype {arr.dtype} to torch; use a float, int or bool array"
+        )
+    # torch shares numpy's memory and refuses negative strides; read-only
+    # views (np.broadcast_to) would make it warn.  Copy those.
+    if not (arr.flags.writeable and arr.flags.c_contiguous):
+        arr = np.array(arr, order="C")
+    return torch.as_tensor(arr, device=device, dtype=dtype)
+
+
+def _const(value, ref: torch.Tensor | None):
+    """``value`` as something torch can combine with ``ref``; Python scalars stay scalars."""
+    if isinstance(value, torch.Tensor) or isinstance(value, _SCALARS):
+        return value
+    device = ref.device if ref is not None else None
+    dtype = None
+    if np.asarray(value).dtype.kind == "f" and ref is not None and ref.is_floating_point():
+        dtype = ref.dtype
+    return _numpy_to_torch(value, device, dtype)
+
+
+def _tensor(value, ref: torch.Tensor | None) -> torch.Tensor:
+    """Like ``_const``, but Python scalars become 0-d tensors (for ops that need tensors)."""
+    value = _const(value, ref)
+    if isinstance(value, torch.Tensor):
+        return value
+    if ref is None:
+        return torch.as_tensor(value)
+    return torch.as_tensor(value, dtype=torch.result_type(ref, value), device=ref.device)
+
+
+def _ref(*args) -> torch.Tensor | None:
+    """The first torch tensor among ``args``: its dtype and device are what constants adopt."""
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            return a
+    return None
+
+
+def _operands(a, b):
+    """Two operands for a torch function: ``a`` a tensor, ``b`` a tensor or a Python scalar.
+
+    torch.add(2.0, x) is an error, so a scalar first operand becomes a 0-d
+    tensor (which, like the scalar, does not change the result dtype).
+    """
+    ref = _ref(a, b)
+    return _tensor(a, ref), _const(b, ref)
+
+
+def _tensors(a, b):
+    """Two operands that must both be tensors (torch.maximum, torch.matmul)."""
+    ref = _ref(a, b)
+    return _tensor(a, ref), _tensor(b, ref)
+
+
+def to_numpy(x) -> np.ndarray:
+    if isinstance(x, torch.Tensor):
+        return x.detach().cpu().numpy()
+    return np.asarray(x)
+
+
+def asarray(value, like=None, dtype=None):
+    like = like if isinstance(like, torch.Tensor) else None
+    if isinstance(value, torch.Tensor):
+        out = value if like is None else value.to(like.device)
+    else:
+        out = _numpy_to_torch(value, like.device if like is not None else None)
+    if dtype is not None:
+        return out.to(_torch_dtype(dtype))
+    if like is not None and out.is_floating_point() and like.is_floating_point():
+        out = out.to(like.dtype)  # a float constant lives in the activations' precision
+    return out
+
+
+def astype(x, dtype):
+    return x.to(_torch_dtype(dtype))
+
+
+def zeros_like(x):
+    return torch.zeros_like(x)
+
+
+def stop_gradient(x):
+    return x.detach()
+
+
+# ---------------------------------------------------------------- elementwise
+def add(a, b):
+    return torch.add(*_operands(a, b))
+
+
+def sub(a, b):
+    return torch.sub(*_operands(a, b))
+
+
+def mul(a, b):
+    return torch.mul(*_operands(a, b))
+
+
+def div(a, b):
+    return torch.true_divide(*_operands(a, b))
+
+
+def neg(a):
+    return torch.neg(a)
+
+
+def pow(a, b):
+    return torch.pow(*_operands(a, b))
+
+
+def maximum(a, b):
+    # Ties split the gradient evenly, as on the tape and in jax.
+    return torch.maximum(*_tensors(a, b))
+
+
+def minimum(a, b):
+    return torch.minimum(*_tensors(a, b))
+
+
+def greater(a, b):
+    return torch.gt(*_operands(a, b))
+
+
+def less(a, b):
+    return torch.lt(*_operands(a, b))
+
+
+def equal(a, b):
+    return torch.eq(*_operands(a, b))
+
+
+def _on_device(value, device) -> torch.Tensor:
+    """A constant with no tensor to take a dtype from: numpy keeps its dtype, a scalar gets torch's default."""
+    if isinstance(value, torch.Tensor):
+        return value
+    if isinstance(value, _SCALARS):
+        return torch.as_tensor(value, device=device)
+    return _numpy_to_torch(value, device)
+
+
+def where(cond, a, b):
+    ref = _ref(a, b)
+    device = _ref(cond, a, b).device
+    cond = cond if isinstance(cond, torch.Tensor) else _numpy_to_torch(cond, device)
+    if cond.dtype != torch.bool:
+        raise TypeError(
+            f"where: the condition must be boolean, got {cond.dtype}; compare first (ops.greater)"
+        )
+    if ref is None:  # only the condition is a tensor: the branches follow its device
+        return torch.where(cond, _on_device(a, device), _on_device(b, device))
+    return torch.where(cond, _const(a, ref), _const(b, ref))
+
+
+def exp(x):
+    return torch.exp(x)
+
+
+def expm1(x):
+    return torch.expm1(x)
+
+
+def log(x):
+    return torch.log(x)
+
+
+def log1p(x):
+    return torch.log1p(x)
+
+
+def sqrt(x):
+    return torch.sqrt(x)
+
+
+def rsqrt(x):
+    return torch.rsqrt(x)
+
+
+def abs(x):
+    return torch.abs(x)
+
+
+def sin(x):
+    return torch.sin(x)
+
+
+def cos(x):
+    return torch.cos(x)
+
+
+def tanh(x):
+    return torch.tanh(x)
+
+
+def sigmoid(x):
+    return torch.sigmoid(x)
+
+
+def erf(x):
+    return torch.special.erf(x)
+
+
+def relu(x):
+    return torch.relu(x)
+
+
+def leaky_relu(x, negative_slope=0.01):
+    return F.leaky_relu(x, negative_slope)
+
+
+def elu(x, alpha=1.0):
+    return F.elu(x, alpha)
+
+
+def gelu(x, approximate="none"):
+    if approximate not in ("none", "tanh"):
+        raise ValueError(f"gelu: approximate={approximate!r}; expected 'none' or 'tanh'")
+    return F.gelu(x, approximate=approximate)
+
+
+def silu(x):
+    return F.silu(x)
+
+
+def softplus(x):
+    # torch returns x itself above x = 20 (its default threshold); the exact
+    # value differs from that by under 2.1e-9, below float32 resolution there.
+    return F.softplus(x)
+
+
+# ---------------------------------------------------------------- linear algebra
+def matmul(a, b):
+    return torch.matmul(*_tensors(a, b))
+
+
+def einsum(subscripts, *operands):
+    ref = _ref(*operands)
+    return torch.einsum(subscripts, *(_tensor(x, ref) for x in operands))
+
+
+# ---------------------------------------------------------------- reductions
+def _dims(x, axis) -> tuple[int, ...]:
+    """numpy's ``axis`` (None, an int, a tuple or list) as a sorted tuple of non-negative dims."""
+    if axis is None:
+        return tuple(range(x.ndim))
+    axes = (axis,) if isinstance(axis, (int, np.integer)) else tuple(axis)
+    for a in axes:
+        if not -x.ndim <= a < x.ndim:
+            raise ValueError(f"axis {a} is out of bounds for an array of shape {tuple(x.shape)}")
+    return tuple(sorted({int(a) % x.ndim for a in axes}))
+
+
+def _reduce(fn, x, axis, keepdims, **kwargs):
+    dims = _dims(x, axis)
+    if not dims:
+        # A 0-d input, or axis=(): numpy reduces nothing, torch would reduce everything.
+        return fn(x.unsqueeze(0), dim=0, **kwargs)
+    return fn(x, dim=dims, keepdim=keepdims, **kwargs)
+
+
+def sum(x, axis=None, keepdims=False):
+    return _reduce(torch.sum, x, axis, keepdims)
+
+
+def _float_input(name, x):
+    if not x.is_floating_point():
+        raise TypeError(
+            f"{name}: input of dtype {x.dtype} is not a float; torch computes {name} only for "
+            f"floats (cast first: ops.astype(x, 'float64'))"
+        )
+
+
+def mean(x, axis=None, keepdims=False):
+    _float_input("mean", x)
+    return _reduce(torch.mean, x, axis, keepdims)
+
+
+def var(x, axis=None, keepdims=False, ddof=0):
+    _float_input("var", x)
+    return _reduce(torch.var, x, axis, keepdims, correction=ddof)
+
+
+def max(x, axis=None, keepdims=False):
+    # amax, not max: its gradient is split evenly at ties, as the tape's and jax's are.
+    return _reduce(torch.amax, x, axis, keepdims)
+
+
+def min(x, axis=None, keepdims=False):
+    return _reduce(torch.amin, x, axis, keepdims)
+
+
+def logsumexp(x, axis=None, keepdims=False):
+    _float_input("logsumexp", x)
+    return _reduce(torch.logsumexp, x, axis, keepdims)
+
+
+def softmax(x, axis=-1):
+    if isinstance(axis, (int, np.integer)):
+        return torch.softmax(x, dim=int(axis))
+    # numpy_ops accepts a tuple or None too: normalise over all those axes at once.
+    return torch.exp(x - logsumexp(x, axis=axis, keepdims=True))
+
+
+def log_softmax(x, axis=-1):
+    if isinstance(axis, (int, np.integer)):
+        return torch.log_softmax(x, dim=int(axis))
+    return x - logsumexp(x, axis=axis, keepdims=True)
+
+
+# ---------------------------------------------------------------- shapes
+def reshape(x, shape):
+    shape = (shape,) if isinstance(shape, (int, np.integer)) else shape
+    return torch.reshape(x, tuple(int(s) for s in shape))
+
+
+def transpose(x, axes=None):
+    if axes is None:
+        axes = tuple(reversed(range(x.ndim)))
+    axes, n = tuple(int(a) for a in axes), x.ndim
+    if sorted(a + n if a < 0 else a for a in axes) != list(range(n)):
+        raise ValueError(
+            f"transpose: axes {axes} are not a permutation of the {x.ndim} axes of shape {tuple(x.shape)}"
+        )
+    return x.permute(axes)
+
+
+def broadcast_to(x, shape):
+    return torch.broadcast_to(x, tuple(int(s) for s in shape))
+
+
+def _join(fn, xs, axis):
+    xs = list(xs)
+    ref = _ref(*xs)
+    # A float constant joins in the float dtype of the first float tensor.
+    float_ref = next((x for x in xs if isinstance(x, torch.Tensor) and x.is_floating_point()), ref)
+    return fn([_tensor(x, float_ref) for x in xs], dim=int(axis))
+
+
+def concatenate(xs, axis=0):
+    return _join(torch.cat, xs, axis)
+
+
+def stack(xs, axis=0):
+    return _join(torch.stack, xs, axis)
+
+
+def _index_part(i, device):
+    """One component of a numpy index, as torch understands it."""
+    if i is None or i is Ellipsis or isinstance(i, (slice, bool, int, torch.Tensor)):
+        return i
+    if isinstance(i, np.integer):
+        return int(i)
+    if isinstance(i, (np.ndarray, list, tuple)):
+        arr = np.asarray(i)
+        if arr.dtype == np.bool_:
+            return _numpy_to_torch(arr, device)
+        if arr.dtype.kind in "iu" or arr.size == 0:
+            return _numpy_to_torch(arr.astype(np.int64), device)  # torch indexes with long tensors
+    raise TypeError(
+        f"getitem: index component {i!r} of type {type(i).__name__} is not supported; "
+        "use ints, slices, None, Ellipsis, or numpy integer/bool arrays"
+    )
+
+
+def _axes_used(part) -> int:
+    """How many input axes one (converted) index component consumes."""
+    if part is None or isinstance(part, bool):
+        return 0  # a new axis
+    if isinstance(part, torch.Tensor) and part.dtype == torch.bool:
+        return part.ndim
+    return 1
+
+
+def _flip_negative_steps(x, parts):
+    """torch slices with positive steps only: ``x[::-1]`` becomes ``x.flip(0)[::1]``."""
+    if not builtins.any(isinstance(p, slice) and p.step is not None and p.step < 0 for p in parts):
+        return x, parts
+    explicit = builtins.sum(_axes_used(p) for p in parts if p is not Ellipsis)
+    dim, flips, out = 0, [], []
+    for p in parts:
+        if p is Ellipsis:
+            dim += x.ndim - explicit
+        elif isinstance(p, slice) and p.step is not None and p.step < 0:
+            size = x.shape[dim]
+            picked = range(size)[p]
+            flips.append(dim)
+            # Position i of x is position size-1-i of the flipped x.
+            p = (
+                slice(size - 1 - picked[0], size - picked[-1], -p.step)
+                if len(picked)
+                else slice(0, 0)
+            )
+        out.append(p)
+        dim += _axes_used(p) if p is not Ellipsis else 0
+    return x.flip(flips), out
+
+
+def _ints_as_arrays(parts):
+    """Next to an index array numpy treats an int as an index array too; torch does not.
+
+    It matters for where the indexed axes go: numpy's ``x[1, :, [0, 2]]`` is
+    (2, n) (the separated advanced indices move to the front), torch's (n, 2).
+    An int broadcast to the arrays' shape makes torch do what numpy does.
+    """
+    arrays = [p for p in parts if isinstance(p, torch.Tensor) and p.ndim > 0]
+    if not arrays or not builtins.any(type(p) is int for p in parts):
+        return parts
+    shapes = [(int(p.sum()),) if p.dtype == torch.bool else tuple(p.shape) for p in arrays]
+    shape = np.broadcast_shapes(*shapes)
+    device = arrays[0].device
+    return [
+        torch.full(shape, p, dtype=torch.long, device=device) if type(p) is int else p
+        for p in parts
+    ]
+
+
+def getitem(x, index):
+    parts = index if isinstance(index, tuple) else (index,)
+    parts = [_index_part(i, x.device) for i in parts]
+    x, parts = _flip_negative_steps(x, parts)
+    parts = _ints_as_arrays(parts)
+    return x[tuple(parts)]
+
+
+def _is_int_array(a) -> bool:
+    if isinstance(a, torch.Tensor):
+        return not (a.is_floating_point() or a.is_complex() or a.dtype == torch.bool)
+    return a.dtype.kind in "iu"
+
+
+def take(x, indices, axis=0):
+    x = _tensor(x, _ref(x, indices))  # the table may be a numpy constant indexed by a tensor
+    axis = int(axis) % x.ndim
+    idx = indices if isinstance(indices, torch.Tensor) else np.asarray(indices)
+    if not _is_int_array(idx):
+        raise TypeError(f"take: indices must be an integer array, got dtype {idx.dtype}")
+    idx = _index_part(idx, x.device)
+    size = x.shape[axis]
+    idx = torch.where(idx < 0, idx + size, idx)  # numpy's negative indices; index_select has none
+    flat = torch.index_select(x, axis, idx.reshape(-1))
+    return flat.reshape(tuple(x.shape[:axis]) + tuple(idx.shape) + tuple(x.shape[axis + 1 :]))
+
+
+def pad(x, pad_width, value=0.0):
+    widths = np.broadcast_to(np.asarray(pad_width, dtype=np.int64), (x.ndim, 2))
+    if (widths < 0).any():
+        raise ValueError(
+            f"pad: pad_width {pad_width!r} has a negative width; numpy's pad does not crop"
+        )
+    # F.pad lists (before, after) from the last axis backwards.
+    flat = [int(w) for before_after in widths[::-1] for w in before_after]
+    return F.pad(x, flat, mode="constant", value=float(value))
+
+
+# ---------------------------------------------------------------- neural-network ops
+def _spatial_dims(name, x, w) -> int:
+    nd = x.ndim - 2
+    if nd not in (1, 2) or w.ndim != x.ndim:
+        raise ValueError(
+            f"{name}: input {tuple(x.shape)} and weight {tuple(w.shape)}: expected NCL with a 3-d "
+            "weight or NCHW with a 4-d weight (1-d and 2-d are what the other backends support)"
+        )
+    return nd
+
+
+def _conv_args(x, w, bias):
+    """Input, weight and bias as tensors (any of them may be a numpy constant)."""
+    ref = _ref(x, w, bias)
+    return _tensor(x, ref), _tensor(w, ref), (None if bias is None else _tensor(bias, ref))
+
+
+def _int_or_tuple(v):
+    """A size argument as torch takes it: an int, a string ("same"), or a tuple of ints."""
+    if isinstance(v, (int, np.integer)):
+        return int(v)
+    return v if isinstance(v, str) else tuple(int(i) for i in v)
+
+
+def conv(x, w, bias=None, stride=1, padding=0, dilation=1, groups=1):
+    x, w, bias = _conv_args(x, w, bias)
+    nd = _spatial_dims("conv", x, w)
+    fn = F.conv1d if nd == 1 else F.conv2d
+    if isinstance(padding, str) and padding not in ("same", "valid"):
+        raise ValueError(f"conv: padding={padding!r}; expected an int, a tuple, 'same' or 'valid'")
+    return fn(
+        x,
+        w,
+        bias,
+        stride=_int_or_tuple(stride),
+        padding=_int_or_tuple(padding),
+        dilation=_int_or_tuple(dilation),
+        groups=int(groups),
+    )
+
+
+def conv_transpose(x, w, bias=None, stride=1, padding=0, output_padding=0, dilation=1, groups=1):
+    x, w, bias = _conv_args(x, w, bias)
+    nd = _spatial_dims("conv_transpose", x, w)
+    if isinstance(padding, str):
+        raise ValueError(
+            f"conv_transpose: padding={padding!r}; torch's transposed convolution takes ints only"
+        )
+    fn = F.conv_transpose1d if nd == 1 else F.conv_transpose2d
+    return fn(
+        x,
+        w,
+        bias,
+        stride=_int_or_tuple(stride),
+        padding=_int_or_tuple(padding),
+        output_padding=_int_or_tuple(output_padding),
+        groups=int(groups),
+        dilation=_int_or_tuple(dilation),
+    )
+
+
+def _pool_input(name, x):
+    if x.ndim != 4:
+        raise ValueError(f"{name}: input of shape {tuple(x.shape)} is not NCHW (4-d)")
+
+
+def max_pool2d(x, kernel_size, stride=None, padding=0):
+    _pool_input("max_pool2d", x)
+    return F.max_pool2d(
+        x,
+        _int_or_tuple(kernel_size),
+        None if stride is None else _int_or_tuple(stride),
+        _int_or_tuple(padding),
+    )
+
+
+def avg_pool2d(x, kernel_size, stride=None, padding=0, count_include_pad=True):
+    _pool_input("avg_pool2d", x)
+    return F.avg_pool2d(
+        x,
+        _int_or_tuple(kernel_size),
+        None if stride is None else _int_or_tuple(stride),
+        _int_or_tuple(padding),
+        count_include_pad=count_include_pad,
+    )
+
+
+def adaptive_avg_pool2d(x, output_size):
+    _pool_input("adaptive_avg_pool2d", x)
+    return F.adaptive_avg_pool2d(x, _int_or_tuple(output_size))
