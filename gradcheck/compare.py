@@ -41,41 +41,58 @@ def _order(name: str) -> int:
     return REFERENCE_ORDER.index(name) if name in REFERENCE_ORDER else len(REFERENCE_ORDER)
 
 
-def pair_stats(a: np.ndarray, b: np.ndarray, rtol: float, atol: float, backend: str, reference: str) -> PairResult:
-    """How far ``a`` (backend) is from ``b`` (reference) under ``|a-b| <= atol + rtol*|b|``."""
+def pair_stats(a: np.ndarray, b: np.ndarray, tol: ResolvedTolerance, scale: float, backend: str, reference: str,
+               noise: float | None = None) -> PairResult:
+    """How far ``a`` (backend) is from ``b`` (reference).
+
+    The elementwise numbers (mismatched count, max abs/rel and where) are
+    always computed; the verdict and the headroom follow the tolerance's
+    criterion (see ``gradcheck.tolerance``).
+    """
+    atol = tol.absolute(scale)
     a64, b64 = np.asarray(a, np.float64), np.asarray(b, np.float64)
     diff = np.abs(a64 - b64)
-    allowed = atol + rtol * np.abs(b64)
+    allowed = atol + tol.rtol * np.abs(b64)
     with np.errstate(divide="ignore", invalid="ignore"):
         ratio = np.where(diff == 0, 0.0, diff / allowed)
         rel = np.where(diff == 0, 0.0, diff / np.abs(b64))
     bad = diff > allowed
     na, nb = float(np.linalg.norm(a64)), float(np.linalg.norm(b64))
     nd = float(np.linalg.norm(a64 - b64))
-    out = PairResult(backend=backend, reference=reference, verdict="disagree" if bad.any() else "agree",
-                     mismatched=int(bad.sum()), total=int(diff.size))
+    out = PairResult(backend=backend, reference=reference, verdict="agree", mismatched=int(bad.sum()),
+                     total=int(diff.size))
     if diff.size:
         i = np.unravel_index(int(np.argmax(diff)), diff.shape)
         out.max_abs, out.max_abs_index = float(diff[i]), [int(k) for k in i]
         j = np.unravel_index(int(np.argmax(rel)), rel.shape)
         out.max_rel, out.max_rel_index = float(rel[j]), [int(k) for k in j]
-        out.headroom = float(np.max(ratio))
-    out.rel_err_norm = nd / nb if nb > 0 else nd
+    out.rel_err_norm = nd / nb if nb > 0 else (0.0 if nd == 0 else float("inf"))
     out.cosine = float(np.dot(a64.ravel(), b64.ravel()) / (na * nb)) if na > 0 and nb > 0 else float(na == nb)
-    if bad.any():
-        out.message = (f"{backend} vs {reference}: {out.mismatched}/{out.total} elements off, "
-                       f"max abs {out.max_abs:.3g} at {out.max_abs_index}, max rel {out.max_rel:.3g}, "
-                       f"headroom {out.headroom:.3g}")
+    if tol.criterion == "norm":
+        limit = tol.norm_limit(noise)
+        out.headroom = out.rel_err_norm / limit if limit > 0 else (0.0 if nd == 0 else float("inf"))
+        failed = out.headroom > 1.0
+        what = f"relative error norm {out.rel_err_norm:.3g} > {limit:.3g}"
+    else:
+        out.headroom = float(np.max(ratio)) if diff.size else 0.0
+        failed = bool(bad.any())
+        what = f"{out.mismatched}/{out.total} elements off"
+    if failed:
+        out.verdict = "disagree"
+        out.message = (f"{backend} vs {reference}: {what}, max abs {out.max_abs:.3g} at {out.max_abs_index}, "
+                       f"max rel {out.max_rel:.3g}, headroom {out.headroom:.3g}")
     return out
 
 
 def judge_leaf(path: str, role: str, arrays: dict, *, dtype: str, rules: ToleranceRules, layer: str = "",
                expect_array: bool = True, referee: list[RefereeCheck] | None = None,
-               case_scale: float = 0.0) -> LeafResult:
+               case_scale: float = 0.0, noise: float | None = None) -> LeafResult:
     """Compare one leaf across backends. ``arrays`` maps backend -> array, None or MISSING.
 
     ``case_scale`` is the largest gradient entry of the whole case, against
-    which a leaf's gradient is judged vacuous (see ``VACUOUS_REL``).
+    which a leaf's gradient is judged vacuous (see ``VACUOUS_REL``); ``noise``
+    the leaf's measured float32 rounding noise (normwise), which widens a
+    normwise tolerance.
     """
     leaf = LeafResult(path=path, role=role, layer=layer, dtype=dtype, referee=list(referee or []))
     names = sorted(arrays, key=_order)
@@ -95,13 +112,13 @@ def judge_leaf(path: str, role: str, arrays: dict, *, dtype: str, rules: Toleran
     maxes = sorted(float(np.max(np.abs(v))) if v.size else 0.0 for v in given.values())
     scale = maxes[len(maxes) // 2] if len(maxes) % 2 else 0.5 * (maxes[len(maxes) // 2 - 1] + maxes[len(maxes) // 2])
     base_tol = rules.resolve(path, dtype, layer)
-    leaf.tolerance = base_tol.record(scale)
+    leaf.tolerance = base_tol.record(scale, noise)
     for x, y in itertools.combinations(names, 2):
         backend, reference = (y, x) if _order(x) <= _order(y) else (x, y)
         tol = rules.resolve(path, dtype, layer, (backend, reference))
-        leaf.pairs.append(pair_stats(given[backend], given[reference], tol.rtol, tol.absolute(scale), backend, reference))
+        leaf.pairs.append(pair_stats(given[backend], given[reference], tol, scale, backend, reference, noise))
         if tol.rules != base_tol.rules:
-            leaf.tolerance = tol.record(scale)
+            leaf.tolerance = tol.record(scale, noise)
     _attach_worst(leaf, given)
 
     if role in ("param", "input") and maxes[-1] <= VACUOUS_REL.get(dtype, 0.0) * case_scale:
@@ -185,7 +202,7 @@ def _attach_worst(leaf: LeafResult, given) -> None:
 
 def _blame(leaf: LeafResult, names) -> None:
     disagreeing = [p for p in leaf.pairs if p.verdict == "disagree"]
-    ref_wrong = [r.backend for r in leaf.referee if not r.agrees]
+    ref_wrong = [r.backend for r in leaf.referee if r.stable and not r.agrees]
     if not disagreeing and not ref_wrong:
         leaf.verdict = "agree"
         return
@@ -194,7 +211,8 @@ def _blame(leaf: LeafResult, names) -> None:
         leaf.blame = sorted(ref_wrong, key=_order)
     else:
         leaf.blame = _odd_one_out(names, leaf.pairs)
-    right = [n for n in names if n not in leaf.blame] + (["referee"] if leaf.referee and ref_wrong else [])
+    stable = any(r.stable for r in leaf.referee)
+    right = [n for n in names if n not in leaf.blame] + (["referee"] if stable and ref_wrong else [])
     if leaf.blame and right:
         leaf.message = f"{', '.join(leaf.blame)}: {_and(right)} agree"
     elif leaf.blame:

@@ -30,9 +30,12 @@ def worst_verdict(verdicts) -> str:
 
 @dataclass
 class Tolerance:
-    rtol: float
+    rtol: float  # elementwise: |a - b| <= atol + rtol * |b|
     atol: float
-    rule: str  # which rule decided, e.g. "default float32 (torch.testing)" or "config: layer3.*"
+    rule: str  # the criterion with its numbers, then which rules decided
+    criterion: str = "elementwise"  # or "norm": ||a - b|| / ||b|| <= norm_rtol
+    norm_rtol: float = 0.0
+    noise: float | None = None  # measured float32 rounding noise of this leaf (normwise), if probed
 
 
 @dataclass
@@ -63,6 +66,7 @@ class RefereeCheck:
     numeric: float  # (L(x + h v) - L(x - h v)) / 2h in float64
     error: float  # |directional - numeric| / (tolerance)
     agrees: bool
+    stable: bool = True  # the finite difference held when the step was doubled; if not, it abstains
 
 
 @dataclass

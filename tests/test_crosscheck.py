@@ -250,7 +250,7 @@ def test_tolerance_rule_decides_and_is_recorded(monkeypatch):
     _wrap_evaluate(monkeypatch, "torch", lambda ev: ev.grads.__setitem__("0.bias", ev.grads["0.bias"] * 1.01))
     strict = check("chain", referee="off")
     assert leaf(strict, "0.bias").verdict == "disagree"
-    rules = ToleranceRules.from_config({"rules": [{"leaf": "*.bias", "rtol": 0.05, "name": "loose biases"}]})
+    rules = ToleranceRules.from_config({"rules": [{"leaf": "*.bias", "norm_rtol": 0.05, "name": "loose biases"}]})
     loose = check("chain", referee="off", rules=rules)
     assert leaf(loose, "0.bias").verdict == "agree"
     assert "loose biases" in leaf(loose, "0.bias").tolerance.rule
@@ -262,3 +262,21 @@ def test_bad_tolerance_config_names_the_key():
         ToleranceRules.from_config({"rules": [{"leaf": "*", "rtl": 1e-3}]})
     with pytest.raises(ValueError, match="non-negative"):
         ToleranceRules.from_config({"float32": {"rtol": -1}})
+
+
+def test_float64_is_elementwise_and_float32_normwise_with_measured_noise():
+    r64, r32 = check("conv_bn_dense", "float64"), check("conv_bn_dense", "float32")
+    assert leaf(r64, "0.weight").tolerance.criterion == "elementwise"
+    t32 = leaf(r32, "0.weight").tolerance
+    assert t32.criterion == "norm" and t32.noise is not None and 0 < t32.noise < 1e-4
+    assert t32.norm_rtol >= 1e-4  # the floor, or ten times the measured noise
+    assert any("noise probe" in n for n in r32.notes)
+
+
+def test_criterion_can_be_switched_by_a_rule():
+    rules = ToleranceRules.from_config({"rules": [{"layer": "Dense", "criterion": "elementwise", "rtol": 1e-3}]})
+    r = check("conv_bn_dense", rules=rules)
+    assert leaf(r, "3.weight").tolerance.criterion == "elementwise"
+    assert leaf(r, "0.weight").tolerance.criterion == "norm"
+    with pytest.raises(ValueError, match="criterion"):
+        ToleranceRules.from_config({"rules": [{"criterion": "cosine"}]})
