@@ -35,6 +35,11 @@ def _mask_scores(scores, keep):
     return ops.where(keep, scores, -math.inf)
 
 
+def _additive(mask, scores):
+    """A float mask in the scores' dtype: a float64 numpy constant would promote float32 scores."""
+    return ops.asarray(mask, like=scores) if backend_of(mask) == "numpy" else mask
+
+
 def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p: float = 0.0,
                                  is_causal: bool = False, scale: float | None = None, dropout_seed: int = 0,
                                  return_weights: bool = False):
@@ -57,7 +62,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p: f
         if np.dtype(ops.dtype_of(attn_mask)) == np.bool_:
             scores = _mask_scores(scores, attn_mask)
         else:
-            scores = scores + attn_mask
+            scores = scores + _additive(attn_mask, scores)
     weights = ops.softmax(scores, axis=-1)
     if dropout_p > 0.0:
         weights = weights * ops.asarray(dropout_mask(dropout_seed, ops.shape_of(weights), dropout_p), like=weights)
@@ -170,4 +175,4 @@ class MultiheadAttention(Module):
             if backend_of(mask) in ("numpy", "tape"):
                 return _mask_scores(scores, ~np.asarray(ops.to_numpy(mask)))
             return ops.where(mask, -math.inf, scores)
-        return scores + mask
+        return scores + _additive(mask, scores)

@@ -24,16 +24,18 @@ import numpy as np
 
 
 def kink_free(rng: np.random.Generator, shape, scale: float = 1.0, margin: float = 1e-3) -> np.ndarray:
-    """float64 values in about ``[-scale, scale]``, all distinct and clear of 0 (see the module doc).
+    """float64 values in ``[-scale, scale]``, all distinct and clear of 0 (see the module doc).
 
-    The grid spacing is ``max(2 * scale / n, 4 * margin)``; with many
-    elements the range widens rather than the margin shrinking.
+    The grid spacing is ``max(2 * scale / n, 4 * margin)``; with more than
+    ``scale / (2 * margin)`` elements the range widens rather than the margin
+    shrinking.
     """
     n = int(np.prod(shape, dtype=np.int64))
-    step = max(2.0 * scale / max(n, 1), 4.0 * margin)
+    slots = n + n % 2  # an even number of slots keeps the grid symmetric about 0
+    step = max(2.0 * scale / max(slots, 1), 4.0 * margin)
     # Half-integer grid positions: none is 0, neighbours are one step apart;
     # jitter of a quarter step keeps |x| >= step/4 and gaps >= step/2.
-    grid = rng.permutation(n) - n // 2 + 0.5
+    grid = rng.permutation(slots)[:n] - slots // 2 + 0.5
     jitter = rng.uniform(-0.25, 0.25, size=n)
     return ((grid + jitter) * step).reshape(shape)
 

@@ -1,0 +1,25 @@
+"""The ``models`` suite: every model of the zoo at the small size its spec names.
+
+ResNet-18 runs at 64x64 with batch 2 (224x224 stays the default of
+``gradcheck run resnet18``), ResNet-34/50 at 32x32 (the smallest their five
+halvings allow), the transformer tiny.  ResNet-18 runs in eval mode too, so
+BatchNorm's running-statistics path is checked inside a real network.
+"""
+
+from __future__ import annotations
+
+from gradcheck.layers.models import MODELS
+from gradcheck.suites.table import DTYPES
+
+
+def model_cases(seed: int = 0, dtype: str | None = None):
+    """Every model (mlp, lenet5, resnet18/34/50, transformer, lstm_lm, unet_small) at a small size."""
+    out = []
+    for dt in (dtype,) if dtype else DTYPES:
+        for name, spec in MODELS.items():
+            out.append(spec.case(seed=seed, dtype=dt, size="small"))
+        small = MODELS["resnet18"].case(seed=seed, dtype=dt, size="small", mode="eval")
+        out.append(small.with_(name=small.name.replace("]-", ",eval]-")))
+    for c in out:
+        c.tags = tuple(c.tags) + ("models",)
+    return out
