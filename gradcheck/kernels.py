@@ -89,7 +89,11 @@ def geometry(x_shape, w_shape, stride, padding, dilation, groups) -> ConvGeometr
     if o % groups:
         raise ValueError(f"conv: {o} output channels are not divisible by groups={groups}")
     stride, dilation = pair(stride, 2, "stride"), pair(dilation, 2, "dilation")
+    if min(stride) < 1 or min(dilation) < 1:
+        raise ValueError(f"conv: stride {stride} and dilation {dilation} must be positive ints")
     pads = resolve_padding(padding, (kh, kw), dilation, stride)
+    if min(p for pair_ in pads for p in pair_) < 0:
+        raise ValueError(f"conv: padding {padding!r} must not be negative")
     g = ConvGeometry(n, c, h, w, o, kh, kw, stride, pads, dilation, groups)
     if g.oh < 1 or g.ow < 1:
         raise ValueError(
@@ -179,6 +183,8 @@ def conv2d_input_grad(gy: np.ndarray, w: np.ndarray, g: ConvGeometry) -> np.ndar
 
 # ---------------------------------------------------------------- pooling
 def pool_geometry(x_shape, kernel_size, stride, padding, dilation=1) -> ConvGeometry:
+    if len(x_shape) != 4:
+        raise ValueError(f"pool2d: input of shape {tuple(x_shape)}; expected 4 dims, NCHW")
     n, c, h, w = x_shape
     kh, kw = pair(kernel_size, 2, "kernel_size")
     stride = pair(stride if stride is not None else (kh, kw), 2, "stride")

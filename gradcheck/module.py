@@ -142,7 +142,11 @@ def _infer_kind(module, name, value):
         isinstance(value, (list, tuple)) and value and all(isinstance(v, Module) for v in value)
     ):
         return CHILD
-    if value is None or callable(value) or isinstance(value, (bool, int, float, str, tuple)):
+    if value is None or callable(value) or isinstance(value, (bool, int, float, str)):
+        return STATIC
+    # A tuple is configuration (kernel sizes, shapes) unless it holds arrays,
+    # whose kind (param or buffer) cannot be guessed.
+    if isinstance(value, tuple) and not any(hasattr(v, "shape") for v in value):
         return STATIC
     raise TypeError(
         f"field '{name}' of {type(module).__name__} holds a {type(value).__name__} but is not "

@@ -299,7 +299,7 @@ def take(x, indices, axis=0):
 
 @op
 def pad(x, pad_width, value=0.0):
-    """Constant padding; ``pad_width`` as numpy: one ``(before, after)`` per axis."""
+    """Constant padding; ``pad_width`` as numpy: one ``(before, after)`` per axis (or a form that broadcasts)."""
 
 
 def expand_dims(x, axis):
@@ -338,7 +338,7 @@ def conv_transpose(x, w, bias=None, stride=1, padding=0, output_padding=0, dilat
 
 @op
 def max_pool2d(x, kernel_size, stride=None, padding=0):
-    """2-d max pooling on NCHW (padding is -inf, as torch); ties split the gradient evenly on the tape."""
+    """2-d max pooling on NCHW (padding is -inf, as torch); at ties the tape, as torch, gives the gradient to the first maximum."""
 
 
 @op
@@ -363,6 +363,8 @@ def adaptive_avg_pool2d(x, output_size):
     Derived as two contractions with constant averaging matrices, so every
     backend that lacks a native version differentiates it to any order.
     """
+    if len(shape_of(x)) != 4:
+        raise ValueError(f"adaptive_avg_pool2d: input of shape {shape_of(x)}; expected 4 dims, NCHW")
     n, c, h, w = shape_of(x)
     oh, ow = (output_size, output_size) if isinstance(output_size, int) else output_size
     ph = asarray(adaptive_pool_matrix(h, oh), like=x)

@@ -106,7 +106,10 @@ class Primitive:
         return self.vjps.get(argnum)
 
     def __call__(self, *args, **kwargs):
-        value = self.forward(*(raw(a) for a in args), **kwargs)
+        try:
+            value = self.forward(*(raw(a) for a in args), **kwargs)
+        except (ValueError, IndexError) as exc:
+            raise _named_error(self.name, exc, args) from exc
         if not any(isinstance(a, Tensor) for a in args):
             # Plain numpy in, plain numpy out: a first-order backward pass calls
             # primitives (conv's input gradient...) on numpy and must stay fast.
@@ -125,6 +128,18 @@ class Primitive:
 
     def __repr__(self):
         return f"<tape primitive {self.name}>"
+
+
+def _named_error(name, exc, args):
+    """numpy's complaint about bad shapes or axes, prefixed with the op and its argument shapes."""
+    if str(exc).startswith(f"{name}:"):  # already names the op (our own validation)
+        return exc
+    shapes = ", ".join(str(np.shape(raw(a))) if hasattr(raw(a), "shape") else type(a).__name__ for a in args)
+    msg = f"{name}: {exc} (tape op '{name}' called on arguments of shapes {shapes})"
+    try:
+        return type(exc)(msg)
+    except TypeError:  # an exception class with a different constructor
+        return ValueError(msg)
 
 
 def _toposort(out: Tensor) -> list[Tensor]:
@@ -154,17 +169,34 @@ def grad(out: Tensor, wrt: list[Tensor], cotangent=None, create_graph: bool = Fa
     graph between ``wrt`` and ``out`` is visited.
     """
     if not isinstance(out, Tensor):
+        dtype, kind = getattr(out, "dtype", None), type(out).__name__
+        what = kind if dtype is None or str(dtype) == kind else f"{kind} of dtype {dtype}"
         raise TypeError(
-            f"the function returned a {type(out).__name__}, not a tape Tensor; "
-            "it must compute its result from its arguments with gradcheck.ops"
+            f"the function returned a {what}, "
+            "not a tape Tensor; the loss must be a float computed from the arguments with gradcheck.ops "
+            "(comparisons and integer results are not differentiable)"
         )
+    if out.value.dtype.kind != "f":
+        raise TypeError(
+            f"the loss has dtype {out.value.dtype}; only a float loss can be differentiated "
+            "(comparisons and integer results are constants)"
+        )
+    for k, t in enumerate(wrt):
+        if not (isinstance(t, Tensor) and t.value.dtype.kind == "f"):
+            what = f"a {t.value.dtype} tensor" if isinstance(t, Tensor) else f"a {type(t).__name__}"
+            raise TypeError(
+                f"grad with respect to {what} (position {k} of wrt); only float tape tensors "
+                "are differentiated (integer and bool arrays are constants)"
+            )
     if cotangent is None:
         if out.value.size != 1:
             raise ValueError(
-                f"grad of a non-scalar output of shape {out.shape} needs a cotangent of that shape "
-                "(or reduce the output to a scalar loss first)"
+                f"the loss must be a scalar, got an output of shape {out.shape}; reduce it "
+                "(gradcheck.ops.sum or mean) or pass a cotangent of that shape"
             )
         cotangent = np.ones_like(out.value)
+    elif np.shape(raw(cotangent)) != out.shape:
+        raise ValueError(f"cotangent of shape {np.shape(raw(cotangent))} for an output of shape {out.shape}; they must match")
     if create_graph and not isinstance(cotangent, Tensor):
         cotangent = Tensor(cotangent)
     targets = {id(t): k for k, t in enumerate(wrt)}
@@ -175,14 +207,14 @@ def grad(out: Tensor, wrt: list[Tensor], cotangent=None, create_graph: bool = Fa
             _, args, _, parents = t.node
             if any(id(args[i]) in relevant for i in parents):
                 relevant.add(id(t))
-    results: list = [None] * len(wrt)
+    found: dict[int, object] = {}  # by id, so a tensor listed twice in wrt gets its gradient twice
     pending = {id(out): cotangent}
     for t in reversed(order):
         g = pending.pop(id(t), None)
         if g is None or id(t) not in relevant:
             continue
         if id(t) in targets:
-            results[targets[id(t)]] = g
+            found[id(t)] = g
             continue
         prim, args, kwargs, parents = t.node
         if create_graph:
@@ -195,8 +227,11 @@ def grad(out: Tensor, wrt: list[Tensor], cotangent=None, create_graph: bool = Fa
             gi = prim.vjp(i)(g, ans, *vjp_args, **kwargs)
             key = id(args[i])
             pending[key] = gi if key not in pending else ops.add(pending[key], gi)
-    for k, t in enumerate(wrt):
-        if results[k] is None:
+    results = []
+    for t in wrt:
+        g = found.get(id(t))
+        if g is None:
             zeros = np.zeros_like(raw(t))
-            results[k] = Tensor(zeros) if create_graph else zeros
+            g = Tensor(zeros) if create_graph else zeros
+        results.append(g)
     return results

@@ -462,6 +462,13 @@ def _(d):
     return (lambda x: ops.pad(x, widths, value=value)), (d.normal(shape),)
 
 
+@row("pad", "pad (numpy's broadcast forms: int, one pair)")
+def _(d):
+    shape = d.shape(min_dims=1)
+    widths = d.pick([1, 2, ((0, 2),), ((1, 0),), (1,)], "widths")
+    return (lambda x: ops.pad(x, widths)), (d.normal(shape),)
+
+
 # ---------------------------------------------------------------- convolution and pooling
 def _conv_config(d: Draw, nd: int, transposed: bool):
     groups = d.int(1, 2, "groups")

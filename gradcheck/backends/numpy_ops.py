@@ -78,7 +78,30 @@ def softplus(x):
 
 
 def matmul(a, b):
+    check_matmul(np.shape(a), np.shape(b))
     return np.matmul(a, b)
+
+
+def check_matmul(a_shape, b_shape):
+    """Refuse operands ``a @ b`` cannot take, naming both shapes and the rule they break."""
+    a_shape, b_shape = tuple(a_shape), tuple(b_shape)
+    if not a_shape or not b_shape:
+        raise ValueError(f"matmul: shapes {a_shape} and {b_shape}: a 0-d operand cannot be matrix-multiplied; use mul")
+    k_a = a_shape[-1]
+    k_b = b_shape[0] if len(b_shape) == 1 else b_shape[-2]
+    if k_a != k_b:
+        which = "only" if len(b_shape) == 1 else "second-to-last"
+        raise ValueError(
+            f"matmul: shapes {a_shape} and {b_shape} do not match: the first's last axis ({k_a}) "
+            f"must equal the second's {which} axis ({k_b})"
+        )
+    try:
+        np.broadcast_shapes(a_shape[:-2], b_shape[:-2])
+    except ValueError:
+        raise ValueError(
+            f"matmul: shapes {a_shape} and {b_shape}: batch dimensions {a_shape[:-2]} and {b_shape[:-2]} "
+            "do not broadcast"
+        ) from None
 
 
 def einsum(subscripts, *operands):
@@ -155,7 +178,25 @@ def check_index(index, op="getitem"):
 
 
 def pad(x, pad_width, value=0.0):
-    return np.pad(x, pad_width, constant_values=value)
+    return np.pad(x, pad_pairs(np.shape(x), pad_width), constant_values=value)
+
+
+def pad_pairs(shape, pad_width):
+    """``pad_width`` in any of numpy's forms as one ``(before, after)`` pair per axis.
+
+    The tape's VJP reads one pair per axis, and torch and jax accept numpy's
+    broadcast forms (``1``, ``((1, 2),)``), so every backend normalises alike.
+    """
+    try:
+        pairs = np.broadcast_to(np.asarray(pad_width, dtype=np.int64), (len(shape), 2))
+    except (ValueError, TypeError):
+        raise ValueError(
+            f"pad: pad_width {pad_width!r} for an input of shape {tuple(shape)}; expected one "
+            f"(before, after) pair of ints per axis ({len(shape)} pairs) or a form numpy broadcasts to that"
+        ) from None
+    if (pairs < 0).any():
+        raise ValueError(f"pad: pad_width {pad_width!r} has a negative width; padding does not crop")
+    return tuple((int(b), int(a)) for b, a in pairs)
 
 
 # ---------------------------------------------------------------- convolution
@@ -167,11 +208,21 @@ def conv_geometry(x_shape, w_shape, stride, padding, dilation, groups):
             f"conv: input {tuple(x_shape)} and weight {tuple(w_shape)}: expected NCL with "
             "(out, in/groups, k) or NCHW with (out, in/groups, kh, kw)"
         )
+    if x_shape[1] != w_shape[1] * groups:
+        raise ValueError(
+            f"conv: input {tuple(x_shape)} has {x_shape[1]} channels but weight {tuple(w_shape)} with "
+            f"groups={groups} expects {w_shape[1] * groups}; the weight is (out, in/groups, *kernel)"
+        )
     if nd == 1:
+        given = (tuple(x_shape), tuple(w_shape))
         x_shape, w_shape = _lift(x_shape), _lift(w_shape)
         stride, dilation = (1, kernels.pair(stride, 1, "stride")[0]), (1, kernels.pair(dilation, 1, "dilation")[0])
         if not isinstance(padding, str):
             padding = (0, kernels.pair(padding, 1, "padding")[0])
+        try:
+            return kernels.geometry(x_shape, w_shape, stride, padding, dilation, groups), nd
+        except ValueError as exc:  # the kernels speak 2-d: say which 1-d shapes were meant
+            raise ValueError(f"{exc} [1-d input {given[0]} and weight {given[1]}, lifted to unit height]") from None
     return kernels.geometry(x_shape, w_shape, stride, padding, dilation, groups), nd
 
 

@@ -182,6 +182,7 @@ _matmul = _p("matmul", npo.matmul).defvjp(
 
 def matmul(a, b):
     """1-d operands are promoted as numpy does, so the primitive only sees matrices."""
+    npo.check_matmul(_shape(a), _shape(b))  # before promotion, so the message shows the caller's shapes
     va, vb = len(_shape(a)) == 1, len(_shape(b)) == 1
     out = _matmul(o.expand_dims(a, 0) if va else a, o.expand_dims(b, -1) if vb else b)
     if vb:
@@ -326,9 +327,14 @@ def getitem(x, index):
     return _getitem(x, index=npo.check_index(index))
 
 
-pad = _p("pad", npo.pad).defvjp(
+_pad = _p("pad", npo.pad).defvjp(
     lambda g, ans, x, pad_width, value=0.0: o.getitem(
         g, tuple(slice(b, b + s) for (b, _), s in zip(pad_width, _shape(x)))))
+
+
+def pad(x, pad_width, value=0.0):
+    # One (before, after) pair per axis, which is what the VJP slices by.
+    return _pad(x, npo.pad_pairs(_shape(x), pad_width), value=value)
 
 
 # ---------------------------------------------------------------- convolution
