@@ -605,6 +605,39 @@ def test_stop_gradient_cuts_one_path_only():
     np.testing.assert_allclose(g, x)
 
 
+@pytest.mark.parametrize("src,dst", [(np.float32, np.float64), (np.float64, np.float32)])
+def test_astype_gradient_returns_to_the_source_dtype(src, dst):
+    x = Tensor(np.array([0.5, -1.25], src), requires_grad=True)
+    y = ops.astype(x, dst)
+    assert y.dtype == dst
+    (g,) = tape.grad(ops.sum(ops.mul(y, 3.0)), [x])
+    assert g.dtype == src
+    np.testing.assert_array_equal(g, [3.0, 3.0])
+
+
+# The documented conventions at kinks and ties, which finite differences
+# cannot referee (torch and jax agree on each).
+def _grad(f, *xs):
+    ts = [Tensor(np.asarray(x, np.float64), requires_grad=True) for x in xs]
+    return tape.grad(ops.sum(f(*ts)), ts)
+
+
+def test_tie_and_kink_conventions():
+    np.testing.assert_array_equal(_grad(ops.relu, [0.0, 1.0, -1.0])[0], [0.0, 1.0, 0.0])
+    np.testing.assert_array_equal(_grad(ops.abs, [0.0, 2.0, -2.0])[0], [0.0, 1.0, -1.0])
+    ga, gb = _grad(ops.maximum, [1.0, 2.0, 3.0], [1.0, 5.0, 0.0])
+    np.testing.assert_array_equal(ga, [0.5, 0.0, 1.0])
+    np.testing.assert_array_equal(gb, [0.5, 1.0, 0.0])
+    ga, gb = _grad(ops.minimum, [1.0, 2.0], [1.0, 5.0])
+    np.testing.assert_array_equal(ga, [0.5, 1.0])
+    np.testing.assert_array_equal(gb, [0.5, 0.0])
+    np.testing.assert_array_equal(_grad(lambda x: ops.max(x, axis=1), [[3.0, 3.0, 1.0, 3.0]])[0],
+                                  [[1 / 3, 1 / 3, 0.0, 1 / 3]])
+    # max-pool: the first maximum of each window, as torch.
+    x = np.array([[[[2.0, 2.0], [1.0, 2.0]]]])
+    np.testing.assert_array_equal(_grad(lambda x: ops.max_pool2d(x, 2), x)[0], [[[[1.0, 0.0], [0.0, 0.0]]]])
+
+
 # ---------------------------------------------------------------- integer and bool arrays
 @pytest.mark.parametrize("dtype", [np.int64, np.int32, np.bool_])
 def test_integer_and_bool_tensors_cannot_require_grad(dtype):
@@ -718,6 +751,15 @@ def test_checker_fails_at_a_kink():
 def test_checker_refuses_a_vacuous_check():
     with pytest.raises(VjpMismatch, match="depends on none"):
         check_vjp(lambda x: ops.mul(x, 0.0), (np.ones(3),), name="times zero")
+
+
+@pytest.mark.parametrize("error", [1e-3, 1e-5])
+def test_checker_sensitivity(error, monkeypatch):
+    # The tolerance is about 3e-8 relative for these inputs, so even a 1e-5
+    # relative error in a VJP is caught, not only the 1% of the controls above.
+    monkeypatch.setitem(tape_ops.tanh.vjps, 0, _scaled(tape_ops.tanh.vjps[0], 1 + error))
+    with pytest.raises(VjpMismatch, match="wrt arg 0: tape"):
+        check_vjp(ops.tanh, (X34,), name="tanh")
 
 
 def test_checker_messages_label_both_sides(monkeypatch):
