@@ -633,6 +633,11 @@ def test_tie_and_kink_conventions():
     np.testing.assert_array_equal(gb, [0.5, 0.0])
     np.testing.assert_array_equal(_grad(lambda x: ops.max(x, axis=1), [[3.0, 3.0, 1.0, 3.0]])[0],
                                   [[1 / 3, 1 / 3, 0.0, 1 / 3]])
+    # d/da a**0 = 0, also at a = 0 (not 0 * 0**-1 = nan), as torch.
+    ga, gb = _grad(ops.pow, [0.0, 1.0, 2.0], [0.0, 0.0, 3.0])
+    np.testing.assert_array_equal(ga, [0.0, 0.0, 12.0])
+    np.testing.assert_allclose(gb, [0.0, 0.0, 8 * np.log(2.0)])
+    np.testing.assert_array_equal(_grad(lambda a: ops.pow(a, 0), [0.0, 3.0])[0], [0.0, 0.0])
     # max-pool: the first maximum of each window, as torch.
     x = np.array([[[[2.0, 2.0], [1.0, 2.0]]]])
     np.testing.assert_array_equal(_grad(lambda x: ops.max_pool2d(x, 2), x)[0], [[[[1.0, 0.0], [0.0, 0.0]]]])

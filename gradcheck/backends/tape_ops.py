@@ -105,7 +105,7 @@ div = _p("div", npo.div).defvjp(
     lambda g, ans, a, b: unbroadcast(o.neg(o.div(o.mul(g, ans), b)), _shape(b)))
 neg = _p("neg", npo.neg).defvjp(lambda g, ans, a: o.neg(g))
 pow = _p("pow", npo.pow).defvjp(
-    lambda g, ans, a, b: unbroadcast(o.mul(g, o.mul(b, o.pow(a, _minus_one(b)))), _shape(a)),
+    lambda g, ans, a, b: unbroadcast(o.mul(g, _pow_slope(a, b)), _shape(a)),
     # d/db a**b = log(a) a**b; where a == 0 torch and jax define it as 0.
     lambda g, ans, a, b: unbroadcast(o.mul(g, o.mul(_log_base(a), ans)), _shape(b)))
 
@@ -118,10 +118,18 @@ def _log_base(a):
     return o.log(o.where(o.greater(a, 0), a, 1.0))
 
 
-def _minus_one(b):
-    # A Python exponent stays a Python number: numpy would make it an int64
-    # scalar, which promotes float32 arrays to float64.
-    return b - 1 if isinstance(b, (int, float)) else o.sub(b, 1)
+def _pow_slope(a, b):
+    """d/da a**b = b a**(b-1), and 0 where b == 0 (a**0 is constant; torch agrees).
+
+    Computed without 0 * 0**-1 = nan at a = 0: where b == 0 the exponent is
+    shifted to 1, whose power is finite, and the factor b zeroes it.
+    """
+    if isinstance(b, (int, float)):
+        # A Python exponent stays a Python number: numpy would make it an int64
+        # scalar, which promotes float32 arrays to float64.
+        return o.mul(b, o.pow(a, b - 1)) if b != 0 else 0.0
+    b_safe = o.add(b, _const(raw(b) == 0, b))
+    return o.mul(b, o.pow(a, o.sub(b_safe, 1)))
 
 
 def _tie_split(a, b, pick):
