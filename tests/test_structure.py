@@ -12,10 +12,10 @@ import copy
 
 import numpy as np
 import pytest
+from gradcheck.layers import BatchNorm2d, Chain, Conv2d, Dense
 
 import gradcheck
 from gradcheck import ops
-from gradcheck.layers import BatchNorm2d, Chain, Conv2d, Dense
 from gradcheck.module import Module, param, static
 from gradcheck.tree import leaves_with_paths, map_leaves
 
@@ -196,7 +196,7 @@ def test_nested_chains_mirror_and_paths():
     # Chains nested in Chains give the same numbers as the flat Chain.
     flat = Chain(inner[0], inner[1], model[1])
     g_flat, _ = gradcheck.gradient(sq_loss, as64(flat), np.ones((2, 2)))
-    for nested_path, flat_path in zip(paths, ["0.weight", "0.bias", "1.weight", "1.bias", "2.weight"]):
+    for nested_path, flat_path in zip(paths, ["0.weight", "0.bias", "1.weight", "1.bias", "2.weight"], strict=True):
         np.testing.assert_allclose(at(g, nested_path), at(g_flat, flat_path), rtol=1e-14)
 
 
@@ -302,7 +302,7 @@ def test_paths_as_torch_names_them():
                         nn.Sequential(nn.Linear(3, 2), nn.Linear(2, 1, bias=False)))
     assert params == [n for n, _ in ref.named_parameters()]
     assert buffers == [n for n, _ in ref.named_buffers()]
-    for (p, v), (n, t) in zip(model.named_parameters(), ref.named_parameters()):
+    for (p, v), (_, t) in zip(model.named_parameters(), ref.named_parameters(), strict=True):
         assert tuple(v.shape) == tuple(t.shape), f"{p}: layout {v.shape} vs torch {tuple(t.shape)}"
 
 

@@ -15,19 +15,19 @@ Two routes are checked:
 
 from __future__ import annotations
 
+import gradcheck.layers as L
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from test_tape_vjp import ROWS, Draw
+from vjp_check import VjpMismatch, check_second_order, check_vjp
 
 import gradcheck
-import gradcheck.layers as L
 from gradcheck import ops, tape
 from gradcheck.backends import tape_ops
 from gradcheck.tape import Tensor
 from gradcheck.tree import leaves_with_paths, map_leaves
-from test_tape_vjp import ROWS, Draw
-from vjp_check import VjpMismatch, check_second_order, check_vjp
 
 FIRST_ORDER_ONLY = {"max_pool2d"}  # its VJP routes to the arg-max; no VJP of its own
 SECOND_ROWS = [r for r in ROWS if r.kind == "vjp" and r.op not in FIRST_ORDER_ONLY]

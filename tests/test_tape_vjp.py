@@ -10,19 +10,19 @@ row fails ``test_every_op_has_a_row``.  Inputs are kept away from kinks
 from __future__ import annotations
 
 import builtins
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
+from vjp_check import VjpMismatch, check_vjp
 
 from gradcheck import ops, tape
 from gradcheck.backends import tape_ops
 from gradcheck.tape import Tensor
-from vjp_check import VjpMismatch, check_vjp
 
 SETTINGS = settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

@@ -31,8 +31,8 @@ within the step and the finite difference cannot referee.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Sequence
 
 import numpy as np
 
@@ -131,7 +131,7 @@ def check_vjp(
         grads = grad_fn(out, [tensors[i] for i in wrt], v)
 
     sides = []
-    for i, g in zip(wrt, grads):
+    for i, g in zip(wrt, grads, strict=True):
         g = _plain(g)
         if g.shape != args[i].shape:
             raise VjpMismatch(f"{stage} of {name} wrt arg {i}: tape gradient shape {g.shape} vs input shape {args[i].shape}")
