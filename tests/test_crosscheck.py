@@ -270,7 +270,7 @@ def test_float64_is_elementwise_and_float32_normwise_with_measured_noise():
     t32 = leaf(r32, "0.weight").tolerance
     assert t32.criterion == "norm" and t32.noise is not None and 0 < t32.noise < 1e-4
     assert t32.norm_rtol >= 1e-4  # the floor, or ten times the measured noise
-    assert any("noise probe" in n for n in r32.notes)
+    assert any("noise probe" in n and "tape median" in n and "torch median" in n for n in r32.notes)
 
 
 def test_criterion_can_be_switched_by_a_rule():
