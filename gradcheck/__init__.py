@@ -7,6 +7,7 @@ referee say which backend is wrong when they differ.
 
 from gradcheck import ops
 from gradcheck.api import gradient, withgradient
+from gradcheck.assertions import assert_gradients_agree as assert_gradients_agree
 from gradcheck.module import Module, buffer, child, param, static
 
 __version__ = "0.1.0"
