@@ -164,3 +164,37 @@ def test_link_opens_collapsed_card(browser, tmp_path):
     assert card.get_attribute("open") is not None
     t.assert_clean()
     t.page.close()
+
+
+def test_report_of_a_real_run_with_a_broken_backend_shows_the_blamed_leaf(browser, tmp_path, monkeypatch):
+    """End to end: a deliberately wrong tape VJP -> runner -> HTML -> Chromium -> screenshot."""
+    import numpy as np
+
+    import gradcheck.layers as L
+    from gradcheck import ops
+    from gradcheck.backends import tape_ops
+    from gradcheck.case import Case
+    from gradcheck.results import RunResult
+    from gradcheck.runner import RunOptions, run_case
+
+    def build(rng):
+        return L.Chain(L.Conv2d(2, 3, 3, padding=1, rng=rng), L.BatchNorm2d(3), L.Dense(5, 2, rng=rng))
+
+    original = tape_ops._conv.vjps[1]
+    monkeypatch.setitem(tape_ops._conv.vjps, 1, lambda *a, **k: np.flip(np.asarray(original(*a, **k)), (-1, -2)))
+    pytest.importorskip("torch")
+    backends = ("tape", "torch")
+    case = Case("conv-bn-dense", build, lambda rng: (rng.standard_normal((2, 2, 5, 5)),))
+    result = run_case(case, RunOptions(backends=backends, referee="leaves"))
+    assert [x.path for x in result.leaves if x.verdict == "disagree"] == ["0.weight"]
+    path = reports.write_html(RunResult(env={"command": "gradcheck run conv-bn-dense", "seed": 0}, cases=[result]),
+                              tmp_path / "broken.html")
+    page = Page(browser, path)
+    page.assert_clean()
+    row = page.table(0).locator("tbody tr", has_text="0.weight").first
+    assert row.is_visible()
+    assert "tape" in row.inner_text()
+    shot = tmp_path / "broken.png"
+    page.page.screenshot(path=str(shot), full_page=True)
+    assert shot.stat().st_size > 10_000
+    page.page.close()
