@@ -16,7 +16,7 @@ passes for the whole model, used when checking each leaf would be too slow.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 

@@ -153,8 +153,7 @@ def _build(cls, data):
     if data is None:
         return None
     kwargs = {}
-    hints = {f.name: f for f in dataclasses.fields(cls)}
-    for name, f in hints.items():
+    for name in (f.name for f in dataclasses.fields(cls)):
         if name not in data:
             continue
         value = data[name]

@@ -8,8 +8,9 @@ put gradients in their place) and every static value passed through another.
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
@@ -123,9 +124,8 @@ def owner_of(module: Module, path: str):
         node = _step(node, part)
     if isinstance(node, Module):
         name = parts[-1]
-        for field, kind, inline in node.field_kinds():
-            if field == name:
-                return node, name
+        if any(field == name for field, _, _ in node.field_kinds()):
+            return node, name
     raise KeyError(f"no field at path {path!r}")
 
 
@@ -148,7 +148,7 @@ def describe(tree, indent: int = 0) -> str:
     pad = "  " * indent
     if isinstance(tree, Module):
         lines = [f"{type(tree).__name__}("]
-        for name, kind, _ in tree.field_kinds():
+        for name, _, _ in tree.field_kinds():
             lines.append(f"{pad}  {name}={describe(getattr(tree, name), indent + 1)},")
         lines.append(f"{pad})")
         return "\n".join(lines)
