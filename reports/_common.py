@@ -211,7 +211,15 @@ def run_sentence(run: RunResult) -> str:
         return "no case ran"
     parts = [f"{n.failed_cases} of {n.cases} case{'s' if n.cases != 1 else ''} failed"
              if n.failed_cases else f"all {n.cases} case{'s' if n.cases != 1 else ''} passed"]
-    parts.append(f"{n.agreeing} of {n.compared} leaves agree")
+    roles: dict[str, int] = {}
+    for case in run.cases:
+        for leaf in case.leaves:
+            if leaf.verdict != "skipped":
+                roles[leaf.role] = roles.get(leaf.role, 0) + 1
+    # Say what the leaves are: "62 parameter gradients" is what a reader counts on.
+    names = {"param": "parameter gradient", "input": "input gradient", "output": "output", "buffer": "buffer"}
+    detail = ", ".join(f"{roles[r]} {names[r]}{'s' if roles[r] != 1 else ''}" for r in names if roles.get(r))
+    parts.append(f"{n.agreeing} of {n.compared} leaves agree" + (f" ({detail})" if detail else ""))
     if n.blamed:
         parts.append("blamed: " + ", ".join(f"{b} ×{k}" for b, k in sorted(n.blamed.items(), key=lambda kv: -kv[1])))
     return "; ".join(parts)
