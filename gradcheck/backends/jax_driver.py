@@ -1,0 +1,354 @@
+"""The JAX backend driver: ``jax.value_and_grad`` over the trainable leaves, jit-compiled and cached.
+
+``f`` is turned into a pure function of (trainable leaf values, other leaf
+values): it rebuilds the arguments around the given values, calls ``f`` and
+returns the loss, with what ``f`` returned and the buffers after the call
+(BatchNorm's running statistics) as auxiliary outputs.  Non-trainable arrays
+(buffers, frozen params, integer token ids) are inputs too, so new values do
+not recompile; static fields stay Python values, baked into the trace.
+
+The compiled function is cached, keyed by what ``f`` computes (its code and
+the values it closes over), the leaf paths, shapes and dtypes, and the static
+structure of the arguments (module types, static fields, training flags,
+frozen sets), so timing a second call measures the computation and not the
+compilation.  Like ``jax.jit``, a module-level global that ``f`` reads is
+baked in when first traced.
+
+jax is imported only when this backend is used; float64 is switched on then.
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+import hashlib
+import inspect
+import types
+
+import numpy as np
+
+from gradcheck.backends import backend_of
+from gradcheck.backends.base import (
+    Backend,
+    Evaluation,
+    all_leaves,
+    arg_prefixes,
+    map_output,
+    split_output,
+)
+from gradcheck.module import BUFFER, CHILD, PARAM, Module
+from gradcheck.tree import map_leaves
+
+# Stands in for every array leaf in the argument skeleton a compiled function
+# keeps: the cache must not hold the first call's parameters alive.
+_PLACEHOLDER = np.zeros(0)
+
+
+_configured = False
+
+
+def configure_jax():
+    """Enable float64 and exact matmuls, once; float32 inputs still compute in float32."""
+    global _configured
+    import jax
+
+    if not _configured:
+        jax.config.update("jax_enable_x64", True)
+        jax.config.update("jax_default_matmul_precision", "highest")
+        _configured = True
+    return jax
+
+
+class JaxBackend(Backend):
+    name = "jax"
+    module = "jax"
+    install_hint = "install it with `pip install jax` (or `pip install 'gradcheck[jax]'`)"
+    cache_size = 64  # compiled functions kept (least recently used are dropped)
+
+    def __init__(self):
+        self._compiled: collections.OrderedDict = collections.OrderedDict()
+        self.traces = 0  # times f was traced or run eagerly (tests count recompilations)
+
+    def evaluate(self, f, args, prefixes=None, jit=True) -> Evaluation:
+        self.require()
+        jax = configure_jax()
+        prefixes = arg_prefixes(args, prefixes)
+        leaves = all_leaves(args, prefixes)
+        train = [leaf for leaf in leaves if leaf.trainable]
+        other = [leaf for leaf in leaves if not leaf.trainable]
+        train_vals = tuple(_to_jax(jax, leaf) for leaf in train)
+        other_vals = tuple(_to_jax(jax, leaf) for leaf in other)
+        # Called inside an outer jax transformation: stay traced, return jax values.
+        nested = any(isinstance(v, jax.core.Tracer) for v in train_vals + other_vals)
+        run, rebuild_cell = self._compiled_run(jax, f, args, prefixes, leaves, train, other, jit and not nested)
+        (loss, (arrays, buffers)), grads = run(train_vals, other_vals)
+        keep = (lambda x: x) if nested else _numpy
+        return Evaluation(
+            value=rebuild_cell["value"]([keep(a) for a in arrays]),
+            grads={leaf.path: keep(g) for leaf, g in zip(train, grads, strict=True)},
+            buffers={path: keep(b) for path, b in buffers.items()},
+            leaves=leaves,
+        )
+
+    # -- compilation and its cache -------------------------------------------
+    def _compiled_run(self, jax, f, args, prefixes, leaves, train, other, jit):
+        key = _cache_key(f, args, prefixes, leaves, train) if jit else None
+        if key is not None and key in self._compiled:
+            self._compiled.move_to_end(key)
+            return self._compiled[key]
+        skeleton = [map_leaves(a, lambda path, v, kind: _PLACEHOLDER, p) for a, p in zip(args, prefixes, strict=True)]
+        rebuild_cell: dict = {}
+        pure = self._pure(f, skeleton, prefixes, [leaf.path for leaf in train], [leaf.path for leaf in other],
+                          rebuild_cell)
+        if train:
+            run = jax.value_and_grad(pure, argnums=0, has_aux=True)
+        else:  # nothing to differentiate (every leaf frozen or integer)
+            def run(train_vals, other_vals):
+                return pure(train_vals, other_vals), ()
+        if jit:
+            run = jax.jit(run)
+        entry = (run, rebuild_cell)
+        if key is not None:
+            self._compiled[key] = entry
+            while len(self._compiled) > self.cache_size:
+                self._compiled.popitem(last=False)
+        return entry
+
+    def _pure(self, f, skeleton, prefixes, train_paths, other_paths, rebuild_cell):
+        def pure(train_vals, other_vals):
+            self.traces += 1
+            values = dict(zip(other_paths, other_vals, strict=True))
+            values.update(zip(train_paths, train_vals, strict=True))
+            targs = [map_leaves(s, lambda path, v, kind: values[path], p) for s, p in zip(skeleton, prefixes, strict=True)]
+            loss, value = split_output(f(*targs))
+            arrays, rebuild_cell["value"] = _split_arrays(value)
+            buffers = {leaf.path: leaf.value for leaf in all_leaves(targs, prefixes) if leaf.kind == "buffer"}
+            return _scalar_loss(loss), (arrays, buffers)
+
+        return pure
+
+
+def _numpy(x):
+    # A writeable copy: np.asarray of a jax array may be a read-only view of its buffer.
+    return np.array(x)
+
+
+def _to_jax(jax, leaf):
+    """A leaf value as a jax array (any backend's array is accepted, as numpy in between)."""
+    from gradcheck import ops
+
+    value = leaf.value
+    if backend_of(value) != "jax":
+        value = np.asarray(ops.to_numpy(value))
+        if value.dtype.kind not in "biufc":
+            raise TypeError(
+                f"{leaf.path}: a {value.dtype} array cannot be passed to jax; array leaves must be "
+                "numeric (make it a static field if it is configuration)"
+            )
+    return jax.numpy.asarray(value)
+
+
+def _scalar_loss(loss):
+    import jax.numpy as jnp
+
+    if backend_of(loss) != "jax":
+        raise TypeError(
+            f"the function returned a {type(loss).__name__} as its loss, not a jax array; it must "
+            "compute its loss from its arguments with gradcheck.ops (or return a tuple whose first "
+            "element is that loss)"
+        )
+    if loss.size != 1:
+        raise ValueError(
+            f"the loss has shape {tuple(loss.shape)}; it must be a scalar "
+            "(reduce it first, e.g. ops.sum(ops.mul(output, cotangent)))"
+        )
+    if not jnp.issubdtype(loss.dtype, jnp.floating):
+        raise TypeError(
+            f"the loss has dtype {loss.dtype}; only a float loss can be differentiated "
+            "(comparisons and integer results are constants)"
+        )
+    return jnp.reshape(loss, ())
+
+
+class _Slot:
+    """Marks where an array sat in f's output, so the output can be rebuilt outside jit."""
+
+    __slots__ = ("index",)
+
+    def __init__(self, index):
+        self.index = index
+
+
+def _split_arrays(value):
+    """(arrays in ``value``, a function rebuilding ``value`` from new arrays).
+
+    Only arrays can leave a compiled function; everything else f returned
+    (ints, strings, None) is kept here and put back around them.
+    """
+    arrays = []
+
+    def take(v):
+        if backend_of(v) in ("jax", "numpy") and hasattr(v, "shape"):
+            arrays.append(v)
+            return _Slot(len(arrays) - 1)
+        return v
+
+    skeleton = map_output(value, take)
+
+    def rebuild(new_arrays):
+        return map_output(skeleton, lambda v: new_arrays[v.index] if isinstance(v, _Slot) else v)
+
+    return arrays, rebuild
+
+
+# ---------------------------------------------------------------- cache keys
+class _Uncacheable(Exception):
+    """A value whose equality cannot be established cheaply; the call compiles afresh."""
+
+
+_MAX_DEPTH = 64
+
+
+def _cache_key(f, args, prefixes, leaves, train):
+    try:
+        spec = tuple((leaf.path, leaf.kind, tuple(leaf.value.shape), str(leaf.value.dtype)) for leaf in leaves)
+        structure = tuple(_walked_signature(a, 0) for a in args)
+        key = (_callable_signature(f), tuple(prefixes), spec, tuple(leaf.path for leaf in train), structure)
+        hash(key)
+    except (_Uncacheable, TypeError):
+        return None
+    return key
+
+
+def _walked_signature(x, depth):
+    """Signature of a part of the arguments that map_leaves walks: arrays there are leaves."""
+    _deeper(depth)
+    if isinstance(x, Module):
+        kinds = {name: kind for name, kind, _ in x.field_kinds()}
+        items = []
+        for name, value in sorted(vars(x).items()):
+            kind = kinds.get(name)
+            if kind in (PARAM, BUFFER):
+                sig = None if value is None else "<leaf>"  # shape and dtype are in the leaf spec
+            elif kind == CHILD:
+                sig = _walked_signature(value, depth + 1)
+            else:
+                sig = _static_signature(value, depth + 1)
+            items.append((name, sig))
+        return (type(x), tuple(items))
+    if isinstance(x, (list, tuple)):
+        return (type(x), tuple(_walked_signature(v, depth + 1) for v in x))
+    if isinstance(x, dict):
+        return (dict, tuple((k, _walked_signature(v, depth + 1)) for k, v in x.items()))
+    if _is_array(x):
+        return "<leaf>"
+    return _static_signature(x, depth + 1)
+
+
+def _static_signature(x, depth):
+    """Signature of a value baked into the trace: arrays here are constants, compared by content."""
+    _deeper(depth)
+    if x is None or isinstance(x, (bool, int, float, complex, str, bytes, type, np.dtype)):
+        return (type(x), x)
+    if isinstance(x, (list, tuple)):
+        return (type(x), tuple(_static_signature(v, depth + 1) for v in x))
+    if isinstance(x, dict):
+        return (dict, tuple((_static_signature(k, depth + 1), _static_signature(v, depth + 1)) for k, v in x.items()))
+    if isinstance(x, (set, frozenset)):
+        return (frozenset, frozenset(_static_signature(v, depth + 1) for v in x))
+    if isinstance(x, slice):  # unhashable before Python 3.12
+        return (slice, _static_signature((x.start, x.stop, x.step), depth + 1))
+    if isinstance(x, Module):
+        return (type(x), tuple((k, _static_signature(v, depth + 1)) for k, v in sorted(vars(x).items())))
+    if _is_array(x):
+        return _array_content(x)
+    if isinstance(x, functools.partial) or inspect.ismethod(x):
+        return _callable_signature(x, depth + 1)
+    try:
+        hash(x)  # functions and plain objects: by identity (the key keeps them alive)
+    except TypeError:
+        raise _Uncacheable(type(x).__name__) from None
+    return (type(x), x)
+
+
+_FUNCTION_DEPTH = 3  # closures inside closures are compared by code this deep, then by identity
+
+
+def _callable_signature(f, depth=0):
+    """What ``f`` computes: its code and what it closes over, compared by value.
+
+    A closure created anew for every call (``lambda m, x: loss(m(x), r)``)
+    is the same computation as the last one when its code and closed-over
+    values are, so it reuses the compiled function; a rebound closed-over
+    name (a new cotangent, a new scale) compiles again.
+    """
+    _deeper(depth)
+    if isinstance(f, functools.partial):
+        return (functools.partial, _callable_signature(f.func, depth + 1),
+                _static_signature(f.args, depth + 1), _static_signature(f.keywords, depth + 1))
+    if inspect.ismethod(f):
+        return ("method", _callable_signature(f.__func__, depth + 1), _static_signature(f.__self__, depth + 1))
+    if isinstance(f, types.FunctionType):
+        cells = []
+        for cell in f.__closure__ or ():
+            try:
+                cells.append(_closed_over_signature(cell.cell_contents, depth + 1))
+            except ValueError:  # a cell not yet assigned
+                cells.append("<empty>")
+        defaults = tuple(_closed_over_signature(v, depth + 1) for v in f.__defaults__ or ())
+        kwdefaults = tuple((k, _closed_over_signature(v, depth + 1)) for k, v in (f.__kwdefaults__ or {}).items())
+        # The globals dict by identity: the same code in another module is another function.
+        return ("function", f.__code__, _Identity(f.__globals__), tuple(cells), defaults, kwdefaults)
+    return _static_signature(f, depth + 1)
+
+
+def _closed_over_signature(x, depth):
+    """A value f closes over: functions by code, the rest by value.
+
+    Containers are compared by content, arrays in them included: a list of
+    cotangents changed in place must not reuse a stale compilation (a list
+    that grows on every call, such as a log, only costs recompilations).
+    Other objects compare by identity, as ``jax.jit`` treats closures.
+    """
+    if isinstance(x, (types.FunctionType, functools.partial, types.MethodType)) and depth <= _FUNCTION_DEPTH:
+        return _callable_signature(x, depth)
+    return _static_signature(x, depth)
+
+
+class _Identity:
+    """Compares by identity and keeps the object alive, so its id cannot be reused."""
+
+    __slots__ = ("obj",)
+
+    def __init__(self, obj):
+        self.obj = obj
+
+    def __hash__(self):
+        return id(self.obj)
+
+    def __eq__(self, other):
+        return isinstance(other, _Identity) and other.obj is self.obj
+
+
+def _array_content(x):
+    if backend_of(x) == "jax" and _is_tracer(x):
+        raise _Uncacheable("traced constant")
+    a = np.ascontiguousarray(np.asarray(x))
+    if a.dtype.kind not in "biufc":
+        raise _Uncacheable(f"{a.dtype} array")
+    return ("array", a.shape, str(a.dtype), hashlib.blake2b(a.tobytes(), digest_size=16).hexdigest())
+
+
+def _is_tracer(x):
+    import jax
+
+    return isinstance(x, jax.core.Tracer)
+
+
+def _is_array(x):
+    return not isinstance(x, (bool, int, float, complex)) and backend_of(x) is not None
+
+
+def _deeper(depth):
+    if depth > _MAX_DEPTH:  # a cycle or a very deep structure: not worth a key
+        raise _Uncacheable("too deep")
