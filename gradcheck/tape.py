@@ -233,5 +233,9 @@ def grad(out: Tensor, wrt: list[Tensor], cotangent=None, create_graph: bool = Fa
         if g is None:
             zeros = np.zeros_like(raw(t))
             g = Tensor(zeros) if create_graph else zeros
+        elif ops.dtype_of(g) != t.value.dtype:
+            # A float64 constant in the loss promotes the cotangents; a gradient
+            # has its leaf's dtype (as torch and jax give it).
+            g = ops.astype(g, t.value.dtype)
         results.append(g)
     return results

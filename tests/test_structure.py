@@ -318,3 +318,19 @@ def test_custom_module_fields():
     assert g.offset is None and g.power is None and g.label is None
     np.testing.assert_allclose(g.gain, [4.0, 6.0])
     assert [p for p, _ in m.named_parameters()] == ["gain"]
+
+
+def test_float64_constant_in_the_loss_keeps_float32_gradients():
+    x = np.ones(3, np.float32)
+    r = np.arange(3.0)  # float64
+    (g,) = gradcheck.gradient(lambda x: ops.sum(ops.mul(x, r)), x)
+    assert g.dtype == np.float32
+
+
+def test_f_may_return_a_namedtuple():
+    from collections import namedtuple
+
+    Out = namedtuple("Out", "loss extra")
+    value, (g,) = gradcheck.withgradient(lambda x: Out(ops.sum(x * x), x), np.ones(2))
+    assert isinstance(value, Out) and value.extra.shape == (2,)
+    np.testing.assert_allclose(g, 2 * np.ones(2))

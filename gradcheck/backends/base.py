@@ -55,7 +55,8 @@ def read_buffers(args, prefixes, to_numpy) -> dict[str, Any]:
 
 def map_output(out, fn):
     if isinstance(out, (tuple, list)):
-        return type(out)(map_output(v, fn) for v in out)
+        items = [map_output(v, fn) for v in out]
+        return type(out)(*items) if hasattr(out, "_fields") else type(out)(items)  # namedtuples take fields
     if isinstance(out, dict):
         return {k: map_output(v, fn) for k, v in out.items()}
     return fn(out) if out is not None and not isinstance(out, (bool, int, float, str)) else out

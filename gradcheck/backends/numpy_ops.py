@@ -31,7 +31,9 @@ def to_numpy(x):
 def asarray(value, like=None, dtype=None):
     value = np.asarray(value)
     if dtype is None and like is not None and value.dtype.kind == "f":
-        dtype = np.asarray(like).dtype if not hasattr(like, "dtype") else like.dtype
+        like_dtype = np.asarray(like).dtype if not hasattr(like, "dtype") else np.dtype(like.dtype)
+        if like_dtype.kind == "f":  # a float constant next to an int array keeps its own dtype
+            dtype = like_dtype
     return value.astype(dtype, copy=False) if dtype is not None else value
 
 
