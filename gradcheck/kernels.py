@@ -104,13 +104,18 @@ def geometry(x_shape, w_shape, stride, padding, dilation, groups) -> ConvGeometr
 
 
 def _windows(xp: np.ndarray, g: ConvGeometry) -> np.ndarray:
-    """Strided view (N, C, oh, ow, kh, kw) of the padded input; no copy."""
+    """Strided view (N, C, kh, kw, oh, ow) of the padded input; no copy.
+
+    Output pixels are the two innermost axes, so copying the view (im2col)
+    runs numpy's inner loop along an output row (tens of pixels) rather than
+    along a kernel row of 3, which is what makes the copy cheap.
+    """
     s0, s1, s2, s3 = xp.strides
     (sh, sw), (dh, dw) = g.stride, g.dilation
     return as_strided(
         xp,
-        shape=(xp.shape[0], xp.shape[1], g.oh, g.ow, g.kh, g.kw),
-        strides=(s0, s1, s2 * sh, s3 * sw, s2 * dh, s3 * dw),
+        shape=(xp.shape[0], xp.shape[1], g.kh, g.kw, g.oh, g.ow),
+        strides=(s0, s1, s2 * dh, s3 * dw, s2 * sh, s3 * sw),
         writeable=False,
     )
 
@@ -122,63 +127,92 @@ def _pad(x: np.ndarray, g: ConvGeometry, value=0.0) -> np.ndarray:
     # A negative trailing pad (a transposed convolution's output_padding beyond
     # its padding) crops rows that no window reaches.
     x = x[:, :, : x.shape[2] + min(pb, 0), : x.shape[3] + min(pr, 0)]
-    pads = ((0, 0), (0, 0), (pt, max(pb, 0)), (pl, max(pr, 0)))
-    return np.pad(x, pads, constant_values=value)
+    n, c, h, w = x.shape
+    # One fill and one copy; np.pad's generic path costs several passes.
+    xp = np.empty((n, c, h + pt + max(pb, 0), w + pl + max(pr, 0)), dtype=x.dtype)
+    xp.fill(value)
+    xp[:, :, pt : pt + h, pl : pl + w] = x
+    return xp
+
+
+def _pointwise(g: ConvGeometry) -> bool:
+    """A 1x1 kernel, stride 1, no padding: the input already is its own column matrix."""
+    return (g.kh, g.kw, g.stride, g.pads) == (1, 1, (1, 1), ((0, 0), (0, 0)))
 
 
 def _columns(x: np.ndarray, g: ConvGeometry) -> np.ndarray:
-    """im2col: (G, N*oh*ow, C/G*kh*kw), the one copy a convolution makes."""
-    win = _windows(_pad(x, g), g)
-    cg = g.c // g.groups
-    win = win.reshape(g.n, g.groups, cg, g.oh, g.ow, g.kh, g.kw)
-    return win.transpose(1, 0, 3, 4, 2, 5, 6).reshape(g.groups, g.n * g.oh * g.ow, cg * g.kh * g.kw)
+    """im2col: (N, G, C/G*kh*kw, oh*ow), the one copy a convolution makes."""
+    k = g.c // g.groups * g.kh * g.kw
+    if _pointwise(g):
+        return x.reshape(g.n, g.groups, k, g.oh * g.ow)
+    return np.ascontiguousarray(_windows(_pad(x, g), g)).reshape(g.n, g.groups, k, g.oh * g.ow)
+
+
+def _weight_matrix(w: np.ndarray, g: ConvGeometry) -> np.ndarray:
+    """(O, C/G, kh, kw) -> (G, O/G, C/G*kh*kw), a view."""
+    return w.reshape(g.groups, g.o // g.groups, -1)
 
 
 def _out_matrix(y: np.ndarray, g: ConvGeometry) -> np.ndarray:
-    """(N, O, oh, ow) -> (G, N*oh*ow, O/G)."""
-    og = g.o // g.groups
-    return y.reshape(g.n, g.groups, og, g.oh, g.ow).transpose(1, 0, 3, 4, 2).reshape(
-        g.groups, g.n * g.oh * g.ow, og
-    )
+    """(N, O, oh, ow) -> (N, G, O/G, oh*ow), a view when ``y`` is contiguous."""
+    return y.reshape(g.n, g.groups, g.o // g.groups, g.oh * g.ow)
 
 
 def conv2d(x: np.ndarray, w: np.ndarray, g: ConvGeometry) -> np.ndarray:
-    cols = _columns(x, g)
-    wm = w.reshape(g.groups, g.o // g.groups, -1).transpose(0, 2, 1)
-    out = np.matmul(cols, wm)  # (G, N*oh*ow, O/G)
-    out = out.reshape(g.groups, g.n, g.oh, g.ow, g.o // g.groups).transpose(1, 0, 4, 2, 3)
-    return np.ascontiguousarray(out).reshape(g.n, g.o, g.oh, g.ow)
+    # (G, O/G, K) @ (N, G, K, P): one BLAS call per sample and group, written
+    # straight into NCHW order (no transpose of the output).
+    out = np.matmul(_weight_matrix(w, g), _columns(x, g))
+    return out.reshape(g.n, g.o, g.oh, g.ow)
 
 
 def conv2d_weight_grad(x: np.ndarray, gy: np.ndarray, g: ConvGeometry) -> np.ndarray:
-    cols = _columns(x, g)
-    gm = _out_matrix(gy, g)
-    dw = np.matmul(gm.transpose(0, 2, 1), cols)  # (G, O/G, C/G*kh*kw)
+    cols = _columns(x, g)  # (N, G, K, P)
+    dw = np.matmul(_out_matrix(gy, g), cols.transpose(0, 1, 3, 2))  # (N, G, O/G, K)
+    dw = dw[0] if g.n == 1 else dw.sum(axis=0)
     return dw.reshape(g.o, g.c // g.groups, g.kh, g.kw)
 
 
-def scatter_windows(cols: np.ndarray, g: ConvGeometry) -> np.ndarray:
-    """Sum window contributions (N, C, oh, ow, kh, kw) back onto the unpadded input."""
-    xp = np.zeros(g.padded, dtype=cols.dtype)
+def _tap_slices(g: ConvGeometry):
+    """Per kernel tap (row-major), the slice of the padded input its (oh, ow) outputs read."""
     (sh, sw), (dh, dw) = g.stride, g.dilation
     for i in range(g.kh):
         for j in range(g.kw):
-            xp[:, :, i * dh : i * dh + sh * (g.oh - 1) + 1 : sh, j * dw : j * dw + sw * (g.ow - 1) + 1 : sw] += cols[
-                :, :, :, :, i, j
-            ]
+            yield (slice(None), slice(None), slice(i * dh, i * dh + sh * (g.oh - 1) + 1, sh),
+                   slice(j * dw, j * dw + sw * (g.ow - 1) + 1, sw))
+
+
+def _scatter_taps(contributions, g: ConvGeometry, dtype) -> np.ndarray:
+    """Sum per-tap contributions, each (N, C, oh, ow) in tap order, onto the unpadded input.
+
+    One strided add per kernel tap (9 for a 3x3 kernel), each over whole
+    output rows: no Python loop over pixels.
+    """
+    xp = np.zeros(g.padded, dtype=dtype)
+    for index, c in zip(_tap_slices(g), contributions):
+        xp[index] += c
     (pt, pb), (pl, pr) = g.pads
     out = xp[:, :, pt : xp.shape[2] - max(pb, 0), pl : xp.shape[3] - max(pr, 0)]
     if pb < 0 or pr < 0:  # rows no window reaches (see _pad) get nothing
         out = np.pad(out, ((0, 0), (0, 0), (0, -min(pb, 0)), (0, -min(pr, 0))))
-    return out
+    return np.ascontiguousarray(out)
+
+
+def _col2im(cols: np.ndarray, g: ConvGeometry) -> np.ndarray:
+    """Adjoint of im2col: window contributions (N, C, kh, kw, oh, ow) summed onto the input."""
+    if _pointwise(g):
+        return np.ascontiguousarray(cols.reshape(g.n, g.c, g.h, g.w))
+    return _scatter_taps((cols[:, :, i, j] for i in range(g.kh) for j in range(g.kw)), g, cols.dtype)
+
+
+def scatter_windows(cols: np.ndarray, g: ConvGeometry) -> np.ndarray:
+    """Sum window contributions (N, C, oh, ow, kh, kw) back onto the unpadded input."""
+    return _col2im(cols.transpose(0, 1, 4, 5, 2, 3), g)
 
 
 def conv2d_input_grad(gy: np.ndarray, w: np.ndarray, g: ConvGeometry) -> np.ndarray:
-    gm = _out_matrix(gy, g)  # (G, N*oh*ow, O/G)
-    cg = g.c // g.groups
-    cols = np.matmul(gm, w.reshape(g.groups, g.o // g.groups, -1))  # (G, N*oh*ow, Cg*kh*kw)
-    cols = cols.reshape(g.groups, g.n, g.oh, g.ow, cg, g.kh, g.kw).transpose(1, 0, 4, 2, 3, 5, 6)
-    return np.ascontiguousarray(scatter_windows(cols.reshape(g.n, g.c, g.oh, g.ow, g.kh, g.kw), g))
+    # (G, K, O/G) @ (N, G, O/G, P) -> (N, G, K, P), which is (N, C, kh, kw, oh, ow).
+    cols = np.matmul(_weight_matrix(w, g).transpose(0, 2, 1), _out_matrix(gy, g))
+    return _col2im(cols.reshape(g.n, g.c, g.kh, g.kw, g.oh, g.ow), g)
 
 
 # ---------------------------------------------------------------- pooling
@@ -196,17 +230,48 @@ def pool_geometry(x_shape, kernel_size, stride, padding, dilation=1) -> ConvGeom
     return geometry((n, c, h, w), (c, 1, kh, kw), stride, (ph, pw), dilation, c)
 
 
+def _taps(x: np.ndarray, g: ConvGeometry, value) -> list[np.ndarray]:
+    """The kh*kw strided views (N, C, oh, ow) of the padded input, one per kernel tap."""
+    xp = _pad(x, g, value)
+    return [xp[index] for index in _tap_slices(g)]
+
+
 def max_pool2d(x: np.ndarray, g: ConvGeometry) -> np.ndarray:
-    return _windows(_pad(x, g, -np.inf), g).max(axis=(4, 5))
+    # A running maximum over the taps: kh*kw passes over the output, each
+    # along whole rows (NaN propagates, as in np.max and torch).
+    taps = _taps(x, g, -np.inf)
+    out = taps[0].copy()
+    for t in taps[1:]:
+        np.maximum(out, t, out=out)
+    return out
 
 
-def max_pool2d_grad(x: np.ndarray, gy: np.ndarray, g: ConvGeometry) -> np.ndarray:
-    """The gradient goes to the first maximum of each window (torch's convention)."""
-    win = _windows(_pad(x, g, -np.inf), g).reshape(g.n, g.c, g.oh, g.ow, g.kh * g.kw)
-    first = win.argmax(axis=-1)
-    onehot = np.zeros(win.shape, dtype=gy.dtype)
-    np.put_along_axis(onehot, first[..., None], gy[..., None], axis=-1)
-    return scatter_windows(onehot.reshape(g.n, g.c, g.oh, g.ow, g.kh, g.kw), g)
+def max_pool2d_grad(x: np.ndarray, gy: np.ndarray, g: ConvGeometry, out: np.ndarray | None = None) -> np.ndarray:
+    """The gradient goes to the first maximum of each window (torch's convention).
+
+    ``out`` is the forward result, when the caller has it (saves recomputing
+    it).  Taps are visited in row-major order; each takes the gradient of the
+    outputs whose maximum it holds and that no earlier tap has taken.
+    """
+    if out is None:
+        out = max_pool2d(x, g)
+    taps = _taps(x, g, -np.inf)
+    free = np.ones(out.shape, dtype=bool)  # outputs whose maximum no tap has claimed yet
+    zero = np.zeros((), dtype=gy.dtype)
+    nan_out = np.isnan(out)
+    nan = bool(nan_out.any())
+
+    def contributions():
+        for t in taps:
+            hit = t == out
+            if nan:  # a NaN is the maximum, as np.argmax has it (the first NaN wins)
+                hit |= np.isnan(t) & nan_out
+            hit &= free
+            np.logical_and(free, ~hit, out=free)
+            # where, not a product: a non-finite gy must not leak onto other taps as 0 * inf.
+            yield np.where(hit, gy, zero)
+
+    return _scatter_taps(contributions(), g, gy.dtype)
 
 
 def avg_pool_correction(g: ConvGeometry) -> np.ndarray:

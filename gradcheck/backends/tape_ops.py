@@ -391,9 +391,10 @@ def conv_transpose(x, w, bias=None, stride=1, padding=0, output_padding=0, dilat
 # ---------------------------------------------------------------- pooling
 # First order only: the max-pool gradient routes g to each window's first
 # maximum; its own VJP is not defined (a second derivative raises clearly).
-_max_pool_grad = _p("max_pool2d_grad", lambda x, g, geom: kernels.max_pool2d_grad(x, g, geom))
+_max_pool_grad = _p("max_pool2d_grad", lambda x, g, geom, out: kernels.max_pool2d_grad(x, g, geom, out))
 _max_pool = _p("max_pool2d", lambda x, geom: kernels.max_pool2d(x, geom)).defvjp(
-    lambda g, ans, x, geom: _max_pool_grad(x, g, geom=geom))
+    # The forward's result tells the gradient which taps hold the maxima.
+    lambda g, ans, x, geom: _max_pool_grad(x, g, geom=geom, out=raw(ans)))
 
 
 def max_pool2d(x, kernel_size, stride=None, padding=0):
