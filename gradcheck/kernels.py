@@ -2,9 +2,14 @@
 
 Everything is 2-d on NCHW (1-d convolutions add a unit height).  There are no
 Python loops over pixels: windows are strided views of the padded input, a
-convolution is one batched BLAS matmul over groups (im2col), and the scatter
-back to the input (transposed convolution, pooling gradients) loops over the
-kernel's taps only (9 for a 3x3 kernel).
+convolution is one BLAS matmul per group over the whole batch (im2col), and
+the scatter back to the input (transposed convolution, pooling and their
+gradients) loops over the kernel's taps only (9 for a 3x3 kernel).
+
+Copies are laid out so that numpy's innermost loop runs along an output row:
+the column matrix is (C*kh*kw, N*oh*ow), not (N*oh*ow, C*kh*kw), whose inner
+loop would be a kernel row of 3 elements.  On ResNet-18 that halved the time
+spent outside BLAS.
 
 The three convolution kernels are closed under differentiation, which is what
 gives the tape second derivatives through convolutions:
@@ -140,12 +145,19 @@ def _pointwise(g: ConvGeometry) -> bool:
     return (g.kh, g.kw, g.stride, g.pads) == (1, 1, (1, 1), ((0, 0), (0, 0)))
 
 
+# The column matrix of a convolution is (G, C/G*kh*kw, N*oh*ow): the whole
+# batch in one matrix, so that each convolution and each of its gradients is a
+# single BLAS call per group (per-sample calls were slower, and the weight
+# gradient then needed a sum over samples of weight-sized partial products).
 def _columns(x: np.ndarray, g: ConvGeometry) -> np.ndarray:
-    """im2col: (N, G, C/G*kh*kw, oh*ow), the one copy a convolution makes."""
+    """im2col: (G, C/G*kh*kw, N*oh*ow), the one copy a convolution makes."""
     k = g.c // g.groups * g.kh * g.kw
     if _pointwise(g):
-        return x.reshape(g.n, g.groups, k, g.oh * g.ow)
-    return np.ascontiguousarray(_windows(_pad(x, g), g)).reshape(g.n, g.groups, k, g.oh * g.ow)
+        win = x.reshape(g.n, g.c, 1, 1, g.oh, g.ow)
+    else:
+        win = _windows(_pad(x, g), g)
+    # (N, C, kh, kw, oh, ow) -> (C, kh, kw, N, oh, ow): the copy's inner loop stays along output rows.
+    return np.ascontiguousarray(win.transpose(1, 2, 3, 0, 4, 5)).reshape(g.groups, k, g.n * g.oh * g.ow)
 
 
 def _weight_matrix(w: np.ndarray, g: ConvGeometry) -> np.ndarray:
@@ -154,21 +166,23 @@ def _weight_matrix(w: np.ndarray, g: ConvGeometry) -> np.ndarray:
 
 
 def _out_matrix(y: np.ndarray, g: ConvGeometry) -> np.ndarray:
-    """(N, O, oh, ow) -> (N, G, O/G, oh*ow), a view when ``y`` is contiguous."""
-    return y.reshape(g.n, g.groups, g.o // g.groups, g.oh * g.ow)
+    """(N, O, oh, ow) -> (G, O/G, N*oh*ow); a view for a single sample."""
+    y = y.reshape(g.n, g.groups, g.o // g.groups, g.oh * g.ow).transpose(1, 2, 0, 3)
+    return np.ascontiguousarray(y).reshape(g.groups, g.o // g.groups, g.n * g.oh * g.ow)
+
+
+def _from_out_matrix(m: np.ndarray, g: ConvGeometry) -> np.ndarray:
+    """(G, O/G, N*oh*ow) -> (N, O, oh, ow), contiguous; no copy for a single sample."""
+    m = m.reshape(g.groups, g.o // g.groups, g.n, g.oh, g.ow).transpose(2, 0, 1, 3, 4)
+    return np.ascontiguousarray(m).reshape(g.n, g.o, g.oh, g.ow)
 
 
 def conv2d(x: np.ndarray, w: np.ndarray, g: ConvGeometry) -> np.ndarray:
-    # (G, O/G, K) @ (N, G, K, P): one BLAS call per sample and group, written
-    # straight into NCHW order (no transpose of the output).
-    out = np.matmul(_weight_matrix(w, g), _columns(x, g))
-    return out.reshape(g.n, g.o, g.oh, g.ow)
+    return _from_out_matrix(np.matmul(_weight_matrix(w, g), _columns(x, g)), g)
 
 
 def conv2d_weight_grad(x: np.ndarray, gy: np.ndarray, g: ConvGeometry) -> np.ndarray:
-    cols = _columns(x, g)  # (N, G, K, P)
-    dw = np.matmul(_out_matrix(gy, g), cols.transpose(0, 1, 3, 2))  # (N, G, O/G, K)
-    dw = dw[0] if g.n == 1 else dw.sum(axis=0)
+    dw = np.matmul(_out_matrix(gy, g), _columns(x, g).transpose(0, 2, 1))  # (G, O/G, K)
     return dw.reshape(g.o, g.c // g.groups, g.kh, g.kw)
 
 
@@ -198,21 +212,22 @@ def _scatter_taps(contributions, g: ConvGeometry, dtype) -> np.ndarray:
 
 
 def _col2im(cols: np.ndarray, g: ConvGeometry) -> np.ndarray:
-    """Adjoint of im2col: window contributions (N, C, kh, kw, oh, ow) summed onto the input."""
+    """Adjoint of im2col: window contributions (C, kh, kw, N, oh, ow) summed onto the (N, C, H, W) input."""
     if _pointwise(g):
-        return np.ascontiguousarray(cols.reshape(g.n, g.c, g.h, g.w))
-    return _scatter_taps((cols[:, :, i, j] for i in range(g.kh) for j in range(g.kw)), g, cols.dtype)
+        return np.ascontiguousarray(cols.reshape(g.c, g.n, g.h, g.w).transpose(1, 0, 2, 3))
+    taps = (cols[:, i, j].transpose(1, 0, 2, 3) for i in range(g.kh) for j in range(g.kw))
+    return _scatter_taps(taps, g, cols.dtype)
 
 
 def scatter_windows(cols: np.ndarray, g: ConvGeometry) -> np.ndarray:
     """Sum window contributions (N, C, oh, ow, kh, kw) back onto the unpadded input."""
-    return _col2im(cols.transpose(0, 1, 4, 5, 2, 3), g)
+    return _scatter_taps((cols[:, :, :, :, i, j] for i in range(g.kh) for j in range(g.kw)), g, cols.dtype)
 
 
 def conv2d_input_grad(gy: np.ndarray, w: np.ndarray, g: ConvGeometry) -> np.ndarray:
-    # (G, K, O/G) @ (N, G, O/G, P) -> (N, G, K, P), which is (N, C, kh, kw, oh, ow).
+    # (G, K, O/G) @ (G, O/G, N*P) -> (G, K, N*P), which is (C, kh, kw, N, oh, ow).
     cols = np.matmul(_weight_matrix(w, g).transpose(0, 2, 1), _out_matrix(gy, g))
-    return _col2im(cols.reshape(g.n, g.c, g.kh, g.kw, g.oh, g.ow), g)
+    return _col2im(cols.reshape(g.c, g.kh, g.kw, g.n, g.oh, g.ow), g)
 
 
 # ---------------------------------------------------------------- pooling
