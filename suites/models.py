@@ -1,8 +1,9 @@
 """The ``models`` suite: every model of the zoo at the small size its spec names.
 
-ResNet-18 runs at 64x64 with batch 2 (224x224 stays the default of
-``gradcheck run resnet18``), ResNet-34/50 at 32x32 (the smallest their five
-halvings allow), the transformer tiny.  ResNet-18 runs in eval mode too, so
+The ResNets run at 64x64 with batch 2 (224x224 stays the default of
+``gradcheck run resnet18``): smaller inputs leave layer4's train-mode
+BatchNorms too few values per channel to be well conditioned.  The
+transformer is tiny.  ResNet-18 runs in eval mode too, so
 BatchNorm's running-statistics path is checked inside a real network.
 """
 
