@@ -12,6 +12,7 @@ import math
 import numpy as np
 
 _default = np.random.default_rng(0)
+SQRT5 = math.sqrt(5)  # torch's default negative slope for Linear and Conv weights
 
 
 def seed(value: int) -> None:
@@ -32,7 +33,7 @@ def uniform(rng, shape, bound, dtype=np.float32) -> np.ndarray:
     return get_rng(rng).uniform(-bound, bound, size=shape).astype(dtype)
 
 
-def kaiming_uniform(rng, shape, fan_in, a=math.sqrt(5), dtype=np.float32) -> np.ndarray:
+def kaiming_uniform(rng, shape, fan_in, a=SQRT5, dtype=np.float32) -> np.ndarray:
     """torch.nn.init.kaiming_uniform_ (the default for Linear and Conv weights uses a=sqrt(5))."""
     gain = math.sqrt(2.0 / (1 + a * a))
     return uniform(rng, shape, gain * math.sqrt(3.0 / fan_in), dtype)

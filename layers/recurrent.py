@@ -10,7 +10,6 @@ runs step by step.
 from __future__ import annotations
 
 import math
-from typing import Any
 
 import numpy as np
 

@@ -17,7 +17,7 @@ def model_cases(seed: int = 0, dtype: str | None = None):
     """Every model (mlp, lenet5, resnet18/34/50, transformer, lstm_lm, unet_small) at a small size."""
     out = []
     for dt in (dtype,) if dtype else DTYPES:
-        for name, spec in MODELS.items():
+        for spec in MODELS.values():
             out.append(spec.case(seed=seed, dtype=dt, size="small"))
         small = MODELS["resnet18"].case(seed=seed, dtype=dt, size="small", mode="eval")
         out.append(small.with_(name=small.name.replace("]-", ",eval]-")))

@@ -8,8 +8,9 @@ its inputs.  ``cases`` turns rows into one ``Case`` per dtype, named
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, Callable
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 

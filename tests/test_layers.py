@@ -121,7 +121,7 @@ def check_against_torch(ours, theirs, inputs, mode="train", call=None, torch_cal
     ty = first(torch_call(theirs, *ty_inputs) if theirs is not None else torch_call(*ty_inputs))
     np.testing.assert_allclose(y, ty.detach().numpy(), rtol=rtol, atol=atol, err_msg="forward: ours (numpy) vs torch")
     if theirs is not None:
-        for (p, v), (tp, tv) in zip(our_buffers(ours), theirs.named_buffers()):
+        for (p, v), (_, tv) in zip(our_buffers(ours), theirs.named_buffers()):
             np.testing.assert_allclose(np.asarray(v), tv.numpy(), rtol=rtol, atol=atol, err_msg=f"buffer {p} after forward")
     if not grads:
         return

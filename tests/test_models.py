@@ -10,6 +10,7 @@ from gradcheck import ops
 from gradcheck.case import cast_floats, materialise
 from gradcheck.layers.models import MODELS, get_model, resnet18, resnet50
 
+
 # torchvision's resnet18 parameter names, in named_parameters() order, written out from its
 # source (conv1, bn1, layer1..4 of BasicBlocks, each stage after the first opening with a
 # 1x1 conv + BN downsample, fc) so the check does not depend on torchvision being installed.

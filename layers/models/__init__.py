@@ -21,8 +21,24 @@ unet_small     (3, 32, 32) float, batch 2  2-level U-Net, ConvTranspose2d up
 
 from __future__ import annotations
 
-from gradcheck.layers.models.resnet import BasicBlock, Bottleneck, ResNet, images, resnet18, resnet34, resnet50
-from gradcheck.layers.models.small import LeNet5, LSTMLanguageModel, UNetSmall, lenet5, lstm_lm, mlp, unet_small
+from gradcheck.layers.models.resnet import (
+    BasicBlock,
+    Bottleneck,
+    ResNet,
+    images,
+    resnet18,
+    resnet34,
+    resnet50,
+)
+from gradcheck.layers.models.small import (
+    LeNet5,
+    LSTMLanguageModel,
+    UNetSmall,
+    lenet5,
+    lstm_lm,
+    mlp,
+    unet_small,
+)
 from gradcheck.layers.models.spec import ModelSpec
 from gradcheck.layers.models.transformer import GPT, transformer
 
