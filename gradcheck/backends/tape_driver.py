@@ -31,6 +31,10 @@ class TapeBackend(Backend):
         def to_tensor(path, value, kind):
             nonlocal nested
             trainable = Leaf(path, value, kind).trainable
+            if not trainable and np.asarray(tape.raw(value)).dtype.kind != "f":
+                # Integer leaves (token ids, labels) are constants: hand them over as
+                # numpy, so indexing with them needs no unwrapping in layers.
+                return np.asarray(tape.raw(value))
             if isinstance(value, tape.Tensor) and value.requires_grad:
                 # Called inside an outer gradient: link to the outer tape so the
                 # result stays differentiable (gradients of gradients).
