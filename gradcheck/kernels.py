@@ -1,4 +1,4 @@
-"""Fast numpy kernels for convolution and pooling.
+"""Fast numpy kernels for convolution, pooling and normalisation.
 
 Everything is 2-d on NCHW (1-d convolutions add a unit height).  There are no
 Python loops over pixels: windows are strided views of the padded input, a
@@ -295,3 +295,81 @@ def avg_pool_correction(g: ConvGeometry) -> np.ndarray:
     g1 = geometry((1, 1, g.h, g.w), (1, 1, g.kh, g.kw), g.stride, tuple(p for p, _ in g.pads), g.dilation, 1)
     counts = conv2d(ones, np.ones((1, 1, g.kh, g.kw)), g1)[0, 0]
     return (g.kh * g.kw) / counts
+
+
+# ---------------------------------------------------------------- normalisation
+def _count(shape, axes) -> float:
+    return float(np.prod([shape[a] for a in axes]))
+
+
+def broadcasts_into(small, big) -> bool:
+    """Whether an array of shape ``small`` broadcast against shape ``big`` leaves ``big`` unchanged.
+
+    A weight that broadcasts into the statistics' shape (BatchNorm's, per
+    channel) is folded into the per-statistic scale.
+    """
+    try:
+        return np.broadcast_shapes(tuple(small), tuple(big)) == tuple(big)
+    except ValueError:
+        return False
+
+
+def normalize_stats(x, axes, eps):
+    """``(mean, var, centred, rstd)`` of ``x`` over ``axes`` (biased variance, reduced axes kept).
+
+    The arithmetic and its order are those of ``gradcheck.ops.normalize``
+    (sums divided by the count), so the values match the composition that
+    the other backends run.
+    """
+    n = _count(x.shape, axes)
+    mean = np.sum(x, axis=axes, keepdims=True) / n
+    centred = x - mean
+    var = np.sum(centred * centred, axis=axes, keepdims=True) / n
+    return mean, var, centred, 1.0 / np.sqrt(var + eps)
+
+
+def normalize_apply(centred, rstd, weight, bias):
+    """``centred * rstd * weight + bias``, the weight folded into the scale when it has the statistics' shape."""
+    fold = weight is not None and broadcasts_into(weight.shape, rstd.shape)
+    y = centred * (rstd * weight if fold else rstd)
+    if weight is not None and not fold:
+        y = y * weight
+    return y + bias if bias is not None else y
+
+
+def normalize_grads(argnums, g, weight, bias, axes, centred, rstd) -> list:
+    """Gradients of ``normalize`` for ``argnums`` (0: x, 1: weight, 2: bias), sharing the reductions.
+
+    With ``gx`` the gradient at the normalised input and ``n`` the count,
+    ``dx = scale * (gx - sum(gx)/n - centred * rstd^2 * sum(gx*centred)/n)``:
+    two reductions and a few full-size passes, where the composition's
+    backward pass makes about twice as many.
+    """
+    n = _count(g.shape, axes)
+    fold = weight is not None and broadcasts_into(weight.shape, rstd.shape)
+    gx = g if weight is None or fold else g * weight
+    sum_gx = np.sum(gx, axis=axes, keepdims=True)
+    sum_gxc = np.sum(gx * centred, axis=axes, keepdims=True)
+    grads = []
+    for i in argnums:
+        if i == 0:
+            scale = rstd * weight if fold else rstd
+            dx = centred * (-(scale * rstd * rstd) * (sum_gxc / n))
+            dx += gx * scale
+            dx -= scale * (sum_gx / n)
+            grads.append(dx)
+        elif i == 1:
+            # sum(g * xhat): with a folded weight gx is g, and the sum is already there.
+            g_xhat = sum_gxc * rstd if fold else g * centred * rstd
+            grads.append(_sum_to(g_xhat, weight.shape))
+        else:
+            grads.append(_sum_to(sum_gx if gx is g and broadcasts_into(bias.shape, rstd.shape) else g, bias.shape))
+    return grads
+
+
+def _sum_to(a, shape) -> np.ndarray:
+    """Sum ``a`` over the axes that broadcasting ``shape`` against it stretched or added."""
+    lead = a.ndim - len(shape)
+    axes = tuple(range(lead)) + tuple(i + lead for i, s in enumerate(shape) if s == 1 and a.shape[i + lead] != 1)
+    return np.sum(a, axis=axes, keepdims=True).reshape(shape) if axes else a.reshape(shape)
+

@@ -89,6 +89,7 @@ class Primitive:
         self.forward = forward
         self.vjps: dict[int, object] = {}
         self.vjp_any = None  # for variadic primitives: vjp(argnum, g, ans, *args)
+        self.vjp_joint = None  # for ops whose gradients share work: vjp(argnums, g, ans, *args)
 
     def defvjp(self, *vjps):
         """One VJP per positional argument, ``vjp(g, ans, *args, **kwargs)``; None = not differentiable."""
@@ -100,10 +101,28 @@ class Primitive:
         self.vjp_any = vjp
         return self
 
+    def defvjp_joint(self, vjp):
+        """One VJP for all arguments at once, ``vjp(argnums, g, ans, *args, **kwargs)``.
+
+        It returns one gradient per requested argnum.  For ops whose
+        gradients share intermediate results (a normalisation's statistics),
+        which separate VJPs would each recompute.
+        """
+        self.vjp_joint = vjp
+        return self
+
     def vjp(self, argnum: int):
+        if self.vjp_joint is not None:
+            return lambda g, ans, *a, **k: self.vjp_joint((argnum,), g, ans, *a, **k)[0]
         if self.vjp_any is not None:
             return lambda g, ans, *a, **k: self.vjp_any(argnum, g, ans, *a, **k)
         return self.vjps.get(argnum)
+
+    def backward(self, argnums, g, ans, args, kwargs) -> list:
+        """The gradients with respect to the arguments at ``argnums``, in that order."""
+        if self.vjp_joint is not None:
+            return list(self.vjp_joint(tuple(argnums), g, ans, *args, **kwargs))
+        return [self.vjp(i)(g, ans, *args, **kwargs) for i in argnums]
 
     def __call__(self, *args, **kwargs):
         try:
@@ -221,10 +240,8 @@ def grad(out: Tensor, wrt: list[Tensor], cotangent=None, create_graph: bool = Fa
             vjp_args, ans = args, t
         else:
             vjp_args, ans = tuple(raw(a) for a in args), t.value
-        for i in parents:
-            if id(args[i]) not in relevant:
-                continue
-            gi = prim.vjp(i)(g, ans, *vjp_args, **kwargs)
+        needed = [i for i in parents if id(args[i]) in relevant]
+        for i, gi in zip(needed, prim.backward(needed, g, ans, vjp_args, kwargs), strict=True):
             key = id(args[i])
             pending[key] = gi if key not in pending else ops.add(pending[key], gi)
     results = []

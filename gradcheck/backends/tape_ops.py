@@ -163,7 +163,9 @@ sigmoid = _p("sigmoid", npo.sigmoid).defvjp(lambda g, ans, x: o.mul(g, o.mul(ans
 # a float32 gradient into float64.
 erf = _p("erf", npo.erf).defvjp(
     lambda g, ans, x: o.mul(g, o.mul(o.exp(o.neg(o.mul(x, x))), 2.0 / math.sqrt(math.pi))))
-relu = _p("relu", npo.relu).defvjp(lambda g, ans, x: o.mul(g, _const(raw(x) > 0, x)))
+# where, not g * mask: one pass fewer, and a non-finite g stays where x <= 0
+# (torch's threshold_backward selects the same way).
+relu = _p("relu", npo.relu).defvjp(lambda g, ans, x: o.where(raw(x) > 0, g, 0.0))
 softplus = _p("softplus", npo.softplus).defvjp(lambda g, ans, x: o.mul(g, o.sigmoid(x)))
 # fmt: on
 
@@ -386,6 +388,68 @@ def conv(x, w, bias=None, stride=1, padding=0, dilation=1, groups=1):
 def conv_transpose(x, w, bias=None, stride=1, padding=0, output_padding=0, dilation=1, groups=1):
     geom, nd = npo.transposed_geometry(_shape(x), _shape(w), stride, padding, output_padding, dilation, groups)
     return _add_bias(_conv_input_grad(x, w, geom=geom, nd=nd), bias)
+
+
+# ---------------------------------------------------------------- normalisation
+# One node for (x - mean) * rsqrt(var + eps) * weight + bias instead of the
+# ~15 its composition records (BatchNorm was a fifth of ResNet-18's tape time).
+# The forward's centred input and 1/std ride on the node as a constant
+# keyword, so a first-order backward pass reuses them (kernels.normalize_grads);
+# under create_graph they are recomputed from x with ops, and the gradient is
+# the same formula in ops, itself differentiable (second order).
+def _reduced_axes(axes, ndim) -> tuple[int, ...]:
+    if axes is None:
+        return tuple(range(ndim))
+    return tuple(sorted(a % ndim for a in ((axes,) if isinstance(axes, int) else axes)))
+
+
+def _normalize_vjp(argnums, g, ans, x, weight, bias, axes, eps, stats):
+    if not isinstance(g, Tensor):
+        return kernels.normalize_grads(argnums, g, weight, bias, axes, *stats)
+    centred = o.sub(x, o.mean(x, axis=axes, keepdims=True))
+    rstd = o.rsqrt(o.add(o.mean(o.mul(centred, centred), axis=axes, keepdims=True), eps))
+    xhat = o.mul(centred, rstd)
+    fold = weight is not None and kernels.broadcasts_into(_shape(weight), _shape(rstd))
+    gx = g if weight is None or fold else o.mul(g, weight)  # the gradient at xhat, up to a folded weight
+    grads = []
+    for i in argnums:
+        if i == 0:  # dx = scale * (gx - mean(gx) - xhat * mean(gx * xhat))
+            scale = o.mul(rstd, weight) if fold else rstd
+            m1 = o.mean(gx, axis=axes, keepdims=True)
+            m2 = o.mean(o.mul(gx, xhat), axis=axes, keepdims=True)
+            grads.append(o.mul(o.sub(o.sub(gx, m1), o.mul(xhat, m2)), scale))
+        elif i == 1:
+            grads.append(unbroadcast(o.mul(g, xhat), _shape(weight)))
+        else:
+            grads.append(unbroadcast(g, _shape(bias)))
+    return grads
+
+
+_normalize = _p("normalize", lambda x, weight, bias, axes, eps, stats: kernels.normalize_apply(*stats, weight, bias))
+_normalize.defvjp_joint(_normalize_vjp)
+
+
+def normalize(x, axes, eps, weight=None, bias=None):
+    """``(y, mean, var)``: ``y = (x - mean) / sqrt(var + eps) * weight + bias`` over ``axes``, as one node.
+
+    The tape's fused version of a normalisation op for BatchNorm, LayerNorm
+    and GroupNorm (their layers compose it from ops today).  ``mean`` and
+    ``var`` (biased, reduced axes kept) carry no gradient; they are for
+    running statistics.  ``weight`` and ``bias`` (None leaves them out)
+    broadcast into ``x``'s shape: BatchNorm's shaped ``(1, C, 1, ...)``,
+    LayerNorm's as the normalised shape.
+    """
+    shape = _shape(x)
+    for name, a in (("weight", weight), ("bias", bias)):
+        if a is not None and not kernels.broadcasts_into(_shape(a), shape):
+            raise ValueError(
+                f"normalize: {name} of shape {_shape(a)} does not broadcast into the input's shape {shape}; "
+                "it must (one value per channel or per normalised element)"
+            )
+    axes = _reduced_axes(axes, len(shape))
+    mean, var, centred, rstd = kernels.normalize_stats(raw(x), axes, eps)
+    y = _normalize(x, weight, bias, axes=axes, eps=eps, stats=(centred, rstd))
+    return y, Tensor(mean), Tensor(var)
 
 
 # ---------------------------------------------------------------- pooling
