@@ -50,7 +50,8 @@ def numeric_directional(loss64: Callable[[dict], float], point: dict[str, np.nda
 
 
 def check(loss64: Callable[[dict], float], point: dict[str, np.ndarray], direction: dict[str, np.ndarray],
-          grads: dict[str, dict[str, np.ndarray]], rtol: float) -> tuple[list[RefereeCheck], int]:
+          grads: dict[str, dict[str, np.ndarray]], rtol: float,
+          noise: dict[str, float] | None = None) -> tuple[list[RefereeCheck], int]:
     """Referee checks along ``direction``, and the float64 forward passes they cost.
 
     When a backend misses the finite difference, the difference is taken again
@@ -60,7 +61,7 @@ def check(loss64: Callable[[dict], float], point: dict[str, np.ndarray], directi
     (``stable=False``) instead of blaming a backend.
     """
     numeric = numeric_directional(loss64, point, direction)
-    checks, allowed = judge(numeric, grads, direction, rtol)
+    checks, allowed = judge(numeric, grads, direction, rtol, noise)
     passes = 2
     if any(not c.agrees for c in checks):
         again = numeric_directional(loss64, point, direction, scale=2.0)
@@ -71,25 +72,33 @@ def check(loss64: Callable[[dict], float], point: dict[str, np.ndarray], directi
     return checks, passes
 
 
+NOISE_SIGMAS = 4.0  # how many standard deviations of float32 noise a correct backend may be off
+
+
 def judge(numeric: float, grads: dict[str, dict[str, np.ndarray]], direction: dict[str, np.ndarray],
-          rtol: float) -> tuple[list[RefereeCheck], float]:
+          rtol: float, noise: dict[str, float] | None = None) -> tuple[list[RefereeCheck], float]:
     """Hold each backend's ``<g, v>`` against the finite difference; also return the allowed error.
 
-    The allowed error is ``rtol * (|numeric| + 0.1 * ||g||)``: the second term
+    The allowed error is ``rtol * (|numeric| + 0.1 ||g||)`` — the second term
     keeps a direction nearly orthogonal to g (where ``<g, v>`` is tiny and all
-    rounding is relative to ||g||) from failing a correct backend.
+    rounding is relative to ||g||) from failing a correct backend — plus, for
+    float32, ``4 * sqrt(sum_leaf (noise_leaf * ||g_leaf||)^2)``: with v
+    standard normal, a gradient error dg moves ``<g, v>`` by about ``||dg||``,
+    and the noise probe measured ``||dg|| / ||g||`` per leaf.
     """
-    norms = []
-    answers = {}
+    noise = noise or {}
+    norms, noise_sq, answers = [], [], {}
     for backend, by_path in grads.items():
         if not all(p in by_path and by_path[p] is not None for p in direction):
             continue
         answers[backend] = float(sum(np.vdot(np.asarray(by_path[p], np.float64), v) for p, v in direction.items()))
-        norms.append(float(np.sqrt(sum(np.sum(np.asarray(by_path[p], np.float64) ** 2) for p in direction))))
+        leaf_norms = {p: float(np.linalg.norm(np.asarray(by_path[p], np.float64))) for p in direction}
+        norms.append(float(np.sqrt(sum(n * n for n in leaf_norms.values()))))
+        noise_sq.append(sum((noise.get(p, 0.0) * n) ** 2 for p, n in leaf_norms.items()))
     if not answers:
         return [], 0.0
     scale = abs(numeric) + 0.1 * float(np.median(norms))
-    allowed = rtol * scale if scale > 0 else rtol
+    allowed = (rtol * scale if scale > 0 else rtol) + NOISE_SIGMAS * float(np.sqrt(np.median(noise_sq)))
     checks = []
     for backend, value in answers.items():
         err = abs(value - numeric) / allowed if np.isfinite(value) else float("inf")

@@ -290,24 +290,26 @@ def _referee(cr: CaseRun, evaluations, judged, options: RunOptions, res: CaseRes
     rules, dtype = options.rules, cr.case.dtype
 
     def rtol(path):
-        return rules.resolve(path, dtype, owners.get(path, "")).referee_limit(noise.get("grad:" + path))
+        return rules.resolve(path, dtype, owners.get(path, "")).referee_rtol
+
+    leaf_noise = {p: noise["grad:" + p] for p in point if "grad:" + p in noise}
 
     per_leaf_cost = 2 * cr.forward64_s
     if mode == "leaves" or (mode == "auto" and per_leaf_cost * len(judged) <= options.referee_budget_s):
         chosen = [leaf.path for leaf, _, _, _ in judged]
     else:
         chosen = [leaf.path for leaf, _, _, v in judged if v.verdict != "agree"]
-        _joint_referee(cr, point, dirs, grads, max(rtol(p) for p in point), res)
+        _joint_referee(cr, point, dirs, grads, max(rtol(p) for p in point), res, leaf_noise)
     out = {}
     for path in chosen:
-        out[path], passes = ref.check(cr.loss64, point, {path: dirs[path]}, grads, rtol(path))
+        out[path], passes = ref.check(cr.loss64, point, {path: dirs[path]}, grads, rtol(path), leaf_noise)
         res.referee_passes += passes
     return out
 
 
-def _joint_referee(cr, point, dirs, grads, rtol, res: CaseResult) -> None:
+def _joint_referee(cr, point, dirs, grads, rtol, res: CaseResult, noise: dict) -> None:
     """Every trainable leaf at once along one direction: two passes for the whole model."""
-    checks, passes = ref.check(cr.loss64, point, dirs, grads, rtol)
+    checks, passes = ref.check(cr.loss64, point, dirs, grads, rtol, noise)
     res.referee_passes += passes
     if not checks:
         return

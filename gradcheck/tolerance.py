@@ -29,8 +29,8 @@ Defaults and their sources:
   ``atol_scale = 1e-9``; referee ``1e-5`` (jax's float64 gradient tolerance).
 * float32: norm, ``norm_rtol`` floor ``1e-4``, ``noise_factor = 10``;
   ``rtol = 2e-3`` (jax's float32 gradient tolerance) and ``atol_scale = 1e-4``
-  for the elementwise diagnostics shown in reports; referee ``2e-3`` floor,
-  also raised to ``noise_factor`` times the noise.
+  for the elementwise diagnostics shown in reports; referee ``2e-3``, plus four
+  standard deviations of the measured noise (see ``gradcheck.referee.judge``).
 
 Rules come from ``[tool.gradcheck]`` in ``pyproject.toml`` or a TOML file::
 
@@ -120,9 +120,6 @@ class ResolvedTolerance:
     def norm_limit(self, noise: float | None) -> float:
         """The normwise tolerance: the floor, or ``noise_factor`` times the measured noise."""
         return max(self.norm_rtol, self.noise_factor * noise) if noise else self.norm_rtol
-
-    def referee_limit(self, noise: float | None) -> float:
-        return max(self.referee_rtol, self.noise_factor * noise) if noise else self.referee_rtol
 
     def record(self, scale: float, noise: float | None = None) -> Tolerance:
         rule = "; ".join(self.rules)
