@@ -187,23 +187,52 @@ def conv2d_weight_grad(x: np.ndarray, gy: np.ndarray, g: ConvGeometry) -> np.nda
 
 
 def _tap_slices(g: ConvGeometry):
-    """Per kernel tap (row-major), the slice of the padded input its (oh, ow) outputs read."""
+    """Per kernel tap (row-major): ``(phase, index)`` of the outputs' inputs in the padded input.
+
+    A strided window reads rows ``i*dh, i*dh + sh, ...``: every ``sh``-th row
+    from an offset.  Split the padded input into its ``sh x sw`` phases
+    (rows ``a::sh``, columns ``b::sw``) and each tap reads a contiguous block
+    of one phase, so numpy's inner loops run at unit stride.  For stride 1
+    there is one phase, the padded input itself.
+    """
     (sh, sw), (dh, dw) = g.stride, g.dilation
     for i in range(g.kh):
         for j in range(g.kw):
-            yield (slice(None), slice(None), slice(i * dh, i * dh + sh * (g.oh - 1) + 1, sh),
-                   slice(j * dw, j * dw + sw * (g.ow - 1) + 1, sw))
+            r, c = i * dh, j * dw
+            index = (slice(None), slice(None), slice(r // sh, r // sh + g.oh), slice(c // sw, c // sw + g.ow))
+            yield (r % sh, c % sw), index
+
+
+def _phases(xp: np.ndarray, g: ConvGeometry) -> dict:
+    """The phases of the padded input that some tap reads, as contiguous arrays (no copy for stride 1)."""
+    (sh, sw) = g.stride
+    if (sh, sw) == (1, 1):
+        return {(0, 0): xp}
+    return {(a, b): np.ascontiguousarray(xp[:, :, a::sh, b::sw]) for (a, b), _ in _tap_slices(g)}
 
 
 def _scatter_taps(contributions, g: ConvGeometry, dtype) -> np.ndarray:
     """Sum per-tap contributions, each (N, C, oh, ow) in tap order, onto the unpadded input.
 
-    One strided add per kernel tap (9 for a 3x3 kernel), each over whole
-    output rows: no Python loop over pixels.
+    One add per kernel tap (9 for a 3x3 kernel) into a phase of the padded
+    input (see ``_tap_slices``), each over whole output rows: no Python loop
+    over pixels, no strided inner loops.
     """
-    xp = np.zeros(g.padded, dtype=dtype)
-    for index, c in zip(_tap_slices(g), contributions):
-        xp[index] += c
+    (sh, sw) = g.stride
+    n, c, hp, wp = g.padded
+    phases = {}
+    for (phase, index), contribution in zip(_tap_slices(g), contributions):
+        if phase not in phases:
+            a, b = phase
+            phases[phase] = np.zeros((n, c, -(-(hp - a) // sh), -(-(wp - b) // sw)), dtype=dtype)
+        phases[phase][index] += contribution
+    if (sh, sw) == (1, 1):
+        xp = phases[(0, 0)]
+    else:
+        # Phases no tap reads (a 1x1 kernel with stride 2) get no gradient.
+        xp = (np.empty if len(phases) == sh * sw else np.zeros)(g.padded, dtype=dtype)
+        for (a, b), values in phases.items():
+            xp[:, :, a::sh, b::sw] = values
     (pt, pb), (pl, pr) = g.pads
     out = xp[:, :, pt : xp.shape[2] - max(pb, 0), pl : xp.shape[3] - max(pr, 0)]
     if pb < 0 or pr < 0:  # rows no window reaches (see _pad) get nothing
@@ -246,9 +275,9 @@ def pool_geometry(x_shape, kernel_size, stride, padding, dilation=1) -> ConvGeom
 
 
 def _taps(x: np.ndarray, g: ConvGeometry, value) -> list[np.ndarray]:
-    """The kh*kw strided views (N, C, oh, ow) of the padded input, one per kernel tap."""
-    xp = _pad(x, g, value)
-    return [xp[index] for index in _tap_slices(g)]
+    """The kh*kw views (N, C, oh, ow) of the padded input, one per kernel tap (see ``_tap_slices``)."""
+    phases = _phases(_pad(x, g, value), g)
+    return [phases[phase][index] for phase, index in _tap_slices(g)]
 
 
 def max_pool2d(x: np.ndarray, g: ConvGeometry) -> np.ndarray:
