@@ -20,13 +20,12 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from gradcheck.layers import BatchNorm2d, Chain, Conv2d, Dense  # noqa: E402
-
 import gradcheck  # noqa: E402
 from gradcheck import ops  # noqa: E402
 from gradcheck.backends import get_backend  # noqa: E402
 from gradcheck.backends import torch_ops as to  # noqa: E402
 from gradcheck.backends.torch_driver import DEVICE_ENV, TorchBackend  # noqa: E402
+from gradcheck.layers import BatchNorm2d, Chain, Conv2d, Dense  # noqa: E402
 from gradcheck.tree import map_leaves  # noqa: E402
 
 FWD_TOL = {np.float64: (1e-10, 1e-12), np.float32: (1e-5, 1e-5)}  # (rtol, atol)

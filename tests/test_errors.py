@@ -9,11 +9,11 @@ from typing import Any
 
 import numpy as np
 import pytest
-from gradcheck.layers import Chain, Conv2d, Dense
 
 import gradcheck
 from gradcheck import ops, tape
 from gradcheck.backends import numpy_ops, tape_ops
+from gradcheck.layers import Chain, Conv2d, Dense
 from gradcheck.module import Module, param
 from gradcheck.ops import BackendOpMissing
 from gradcheck.tape import Tensor

@@ -13,11 +13,11 @@ import json
 import re
 import textwrap
 
-import gradcheck.layers as L
 import numpy as np
 import pytest
 
 import gradcheck
+import gradcheck.layers as L
 import gradcheck.runner  # noqa: F401  (imported once here, see below)
 from gradcheck import assertions as A
 from gradcheck import ops

@@ -171,7 +171,6 @@ def test_report_of_a_real_run_with_a_broken_backend_shows_the_blamed_leaf(browse
     import numpy as np
 
     import gradcheck.layers as L
-    from gradcheck import ops
     from gradcheck.backends import tape_ops
     from gradcheck.case import Case
     from gradcheck.results import RunResult

@@ -11,9 +11,9 @@ from importlib import resources
 
 import pytest
 import report_fixtures as fx
-from gradcheck.reports.html import script_json
 
 from gradcheck import reports
+from gradcheck.reports.html import script_json
 from gradcheck.results import RunResult, dumps, load, run_from_dict
 
 

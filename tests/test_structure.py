@@ -12,10 +12,10 @@ import copy
 
 import numpy as np
 import pytest
-from gradcheck.layers import BatchNorm2d, Chain, Conv2d, Dense
 
 import gradcheck
 from gradcheck import ops
+from gradcheck.layers import BatchNorm2d, Chain, Conv2d, Dense
 from gradcheck.module import Module, param, static
 from gradcheck.tree import leaves_with_paths, map_leaves
 

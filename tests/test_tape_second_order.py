@@ -15,7 +15,6 @@ Two routes are checked:
 
 from __future__ import annotations
 
-import gradcheck.layers as L
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -24,6 +23,7 @@ from test_tape_vjp import ROWS, Draw
 from vjp_check import VjpMismatch, check_second_order, check_vjp
 
 import gradcheck
+import gradcheck.layers as L
 from gradcheck import ops, tape
 from gradcheck.backends import tape_ops
 from gradcheck.tape import Tensor
