@@ -346,9 +346,9 @@ def broadcasts_into(small, big) -> bool:
 def normalize_stats(x, axes, eps):
     """``(mean, var, centred, rstd)`` of ``x`` over ``axes`` (biased variance, reduced axes kept).
 
-    The arithmetic and its order are those of ``gradcheck.ops.normalize``
-    (sums divided by the count), so the values match the composition that
-    the other backends run.
+    The arithmetic and its order are those of the composition in
+    ``gradcheck.layers.norm`` (sums divided by the count), so the values
+    match what the other backends compute from it.
     """
     n = _count(x.shape, axes)
     mean = np.sum(x, axis=axes, keepdims=True) / n
