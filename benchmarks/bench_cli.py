@@ -1,0 +1,124 @@
+"""Figure 2: `gradcheck run resnet18` end to end against the bare frameworks in a plain script.
+
+Both sides run as fresh processes, timed from outside (wall clock, process
+start to exit, imports included), ``--runs`` times each, alternating:
+
+* the harness: ``gradcheck run resnet18`` (the zoo's default input: batch 1,
+  3x224x224, float32, train mode; all three backends, the float32 noise
+  probe, the referee, the HTML report);
+* the bare frameworks: ``bare_resnet18.py``, the same forward+backward once
+  in torch eager and once in jax (jit compilation included).
+
+Also: the harness's peak resident memory (the child's ``ru_maxrss``, from
+``wait4``) and, from one extra in-process run, where the harness's time goes
+(model build, each backend, noise probe, referee, comparison, reports are
+not included there).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _common  # noqa: E402
+
+THREADS = _common.setup_threads()
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def main(argv=None):
+    p = _common.parser(__doc__.splitlines()[0])
+    p.add_argument("--runs", type=int, default=3)
+    p.add_argument("--model", default="resnet18")
+    args = p.parse_args(argv)
+    env = _common.thread_env(THREADS)
+    out = {"figure": 2, "threads": THREADS, "machine": _common.machine(), "harness": [], "bare": []}
+    with tempfile.TemporaryDirectory() as tmp:
+        harness_cmd = _common.gradcheck_cli() + ["run", args.model, "--output", tmp, "-q"]
+        bare_cmd = [sys.executable, os.path.join(HERE, "bare_resnet18.py"), "--json", os.path.join(tmp, "bare.json")]
+        out["harness_command"] = "gradcheck run " + args.model
+        out["bare_command"] = "python benchmarks/bare_resnet18.py"
+        for _ in range(args.runs):
+            h = _common.run_child(harness_cmd, env=env, cwd=tmp)
+            if h["returncode"] not in (0, 1):
+                raise SystemExit(f"gradcheck run failed ({h['returncode']}):\n{h['stderr'][-3000:]}")
+            h["case"] = _case_record(os.path.join(tmp, "results.jsonl"))
+            out["harness"].append(_slim(h))
+            b = _common.run_child(bare_cmd, env=env, cwd=tmp)
+            if b["returncode"] != 0:
+                raise SystemExit(f"bare script failed:\n{b['stderr'][-3000:]}")
+            with open(os.path.join(tmp, "bare.json"), encoding="utf-8") as fh:
+                b["marks"] = json.load(fh)["marks"]
+            out["bare"].append(_slim(b))
+    h_wall = statistics.median(r["wall"] for r in out["harness"])
+    b_wall = statistics.median(r["wall"] for r in out["bare"])
+    out["summary"] = {
+        "harness_wall_median": h_wall, "bare_wall_median": b_wall, "ratio": h_wall / b_wall,
+        "harness_peak_rss_mib": max(r["peak_rss_mib"] for r in out["harness"]),
+        "bare_peak_rss_mib": max(r["peak_rss_mib"] for r in out["bare"]),
+    }
+    out["breakdown"] = breakdown(args.model)
+    _common.write(out, args.json)
+
+
+def _slim(rec: dict) -> dict:
+    return {k: v for k, v in rec.items() if k not in ("stdout", "stderr", "stderr_lines", "cmd")}
+
+
+def _case_record(path: str) -> dict:
+    with open(path, encoding="utf-8") as fh:
+        cases = [json.loads(line)["case"] for line in fh if '"type": "case"' in line]
+    c = cases[0]
+    return {"name": c["name"], "verdict": c["verdict"], "timings": c["timings"], "params": c["params"],
+            "referee_passes": c["referee_passes"], "leaves_compared": c["leaves_compared"]}
+
+
+def breakdown(model: str) -> dict:
+    """Where one in-process ``run_case`` spends its time, by wrapping the runner's stages (timing only)."""
+    import numpy as np  # noqa: F401
+
+    from gradcheck import runner
+    from gradcheck.layers.models import MODELS
+
+    _common.limit_loaded_libraries(THREADS)
+    spent: dict[str, float] = {}
+
+    def timed(label, fn):
+        def wrapper(*a, **k):
+            t0 = time.perf_counter()
+            try:
+                return fn(*a, **k)
+            finally:
+                spent[label] = spent.get(label, 0.0) + time.perf_counter() - t0
+
+        return wrapper
+
+    originals = {name: getattr(runner, name) for name in ("_run_backends", "_noise_probe", "_referee", "judge_leaf")}
+    init = runner.CaseRun.__init__
+    try:
+        runner.CaseRun.__init__ = timed("build model, inputs, float64 copy and forward", init)
+        runner._run_backends = timed("backends (each twice)", originals["_run_backends"])
+        runner._noise_probe = timed("float32 noise probe (tape and torch in float64)", originals["_noise_probe"])
+        runner._referee = timed("referee", originals["_referee"])
+        runner.judge_leaf = timed("judge leaves (compare)", originals["judge_leaf"])
+        t0 = time.perf_counter()
+        result = runner.run_case(MODELS[model].case())
+        total = time.perf_counter() - t0
+    finally:
+        runner.CaseRun.__init__ = init
+        for name, fn in originals.items():
+            setattr(runner, name, fn)
+    per_backend = {b: (t.first or 0.0) + (t.second or 0.0) for b, t in result.timings.items()}
+    spent["other"] = total - sum(spent.values())
+    return {"run_case_total": total, "stages": spent, "backends": per_backend,
+            "backend_first_second": {b: [t.first, t.second] for b, t in result.timings.items()},
+            "referee_passes": result.referee_passes, "verdict": result.verdict}
+
+
+if __name__ == "__main__":
+    main()
