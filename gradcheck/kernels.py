@@ -253,7 +253,33 @@ def scatter_windows(cols: np.ndarray, g: ConvGeometry) -> np.ndarray:
     return _scatter_taps((cols[:, :, :, :, i, j] for i in range(g.kh) for j in range(g.kw)), g, cols.dtype)
 
 
+def _adjoint_geometry(g: ConvGeometry) -> ConvGeometry | None:
+    """For a stride-1 convolution, the geometry of the convolution that is its input gradient.
+
+    With stride 1, the adjoint of a convolution is a convolution of the
+    output gradient with the flipped, transposed kernel, padded by the
+    dilated kernel's extent minus the original padding.  None where that
+    padding would be negative (padding wider than the kernel), or with
+    stride: then the gradient scatters instead.
+    """
+    if g.stride != (1, 1) or _pointwise(g):
+        return None
+    (dh, dw), ((pt, pb), (pl, pr)) = g.dilation, g.pads
+    eh, ew = dh * (g.kh - 1), dw * (g.kw - 1)
+    pads = ((eh - pt, eh - pb), (ew - pl, ew - pr))
+    if min(p for pair_ in pads for p in pair_) < 0:
+        return None
+    return ConvGeometry(g.n, g.o, g.oh, g.ow, g.c, g.kh, g.kw, (1, 1), pads, g.dilation, g.groups)
+
+
 def conv2d_input_grad(gy: np.ndarray, w: np.ndarray, g: ConvGeometry) -> np.ndarray:
+    adjoint = _adjoint_geometry(g)
+    if adjoint is not None:
+        # A copy (im2col of gy) and a matmul, instead of a matmul and kh*kw
+        # read-modify-write passes over the input (col2im): half the memory traffic.
+        og, cg = g.o // g.groups, g.c // g.groups
+        wt = w[:, :, ::-1, ::-1].reshape(g.groups, og, cg, g.kh, g.kw).transpose(0, 2, 1, 3, 4)
+        return conv2d(gy, wt.reshape(g.c, og, g.kh, g.kw), adjoint)
     # (G, K, O/G) @ (G, O/G, N*P) -> (G, K, N*P), which is (C, kh, kw, N, oh, ow).
     cols = np.matmul(_weight_matrix(w, g).transpose(0, 2, 1), _out_matrix(gy, g))
     return _col2im(cols.reshape(g.c, g.kh, g.kw, g.n, g.oh, g.ow), g)

@@ -82,6 +82,10 @@ def conv_geometries():
         (2, 6, 6, 5, 6, 1, 1, 2, 0, 1, 3),  # strided 1x1 (ResNet's downsample), grouped
         (2, 4, 7, 7, 4, 7, 7, 2, 3, 1, 1),  # ResNet's stem
         (1, 2, 1, 9, 3, 1, 3, (1, 2), (0, 1), (1, 2), 1),  # a lifted 1-d convolution
+        # Stride 1: the input gradient is itself a convolution (the adjoint geometry) ...
+        (2, 2, 9, 9, 2, 3, 3, 1, 2, 2, 1),  # ... dilated
+        (1, 2, 6, 7, 3, 2, 2, 1, "same", 1, 1),  # ... with asymmetric padding (0 before, 1 after)
+        (1, 2, 5, 5, 2, 1, 3, 1, (1, 2), 1, 1),  # ... unless the padding exceeds the kernel: scatter
     ]
     for n, c, h, w, o, kh, kw, s, p, d, grp in specs:
         g = kernels.geometry((n, c, h, w), (o, c // grp, kh, kw), s, p, d, grp)
