@@ -144,7 +144,8 @@ def gradcheck_cli() -> list[str]:
 def machine() -> dict:
     """Cores, CPU model, BLAS and framework versions: what a reader needs to compare numbers."""
     info = {"cores": cores(), "logical_cpus": os.cpu_count(), "python": sys.version.split()[0],
-            "platform": platform.platform(), "cpu_model": _cpu_model(), "loadavg": _loadavg()}
+            "platform": f"{platform.system()} {platform.machine()}", "cpu_model": _cpu_model(),
+            "loadavg": _loadavg()}
     import numpy as np
 
     info["numpy"] = np.__version__
@@ -182,8 +183,8 @@ def _blas() -> str:
         import numpy  # noqa: F401 - loads its BLAS so threadpoolctl sees it
         from threadpoolctl import threadpool_info
 
-        libs = [f"{i.get('internal_api')} {i.get('version')} ({i.get('architecture')}, "
-                f"{i.get('num_threads')} threads, {os.path.basename(i.get('filepath', ''))})"
+        libs = [f"{i.get('internal_api')} {i.get('version')} ({i.get('architecture')} kernels, "
+                f"{i.get('num_threads')} threads by default)"
                 for i in threadpool_info() if i.get("user_api") == "blas"]
         if libs:
             return "; ".join(libs)

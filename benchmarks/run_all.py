@@ -34,7 +34,7 @@ def jobs(quick: bool, cores: int) -> list[tuple[str, list[str]]]:
     return [
         ("frameworks", ["bench_frameworks.py", "--threads", str(cores)] + runs),
         *one_thread,
-        ("cli", ["bench_cli.py", "--threads", str(cores)] + (["--runs", "1"] if quick else [])),
+        ("cli", ["bench_cli.py", "--threads", str(cores), "--runs", "1" if quick else "5"]),
         ("referee", ["bench_referee.py", "--threads", str(cores)] + (["--skip-leaves"] if quick else [])),
         ("suites", ["bench_suites.py", "--threads", str(cores)] + (["--suites", "smoke"] if quick else [])),
         ("scaling", ["bench_scaling.py", "--threads", str(cores)] + (["--batches", "1,2", "--sizes", "32,224"] + runs
@@ -162,11 +162,21 @@ def _targets(r) -> list[str]:
                      _status(nn_ratio <= 2.0)))
     cli = r.get("cli", {}).get("summary")
     if cli:
-        rows.append(("`gradcheck run resnet18` ≤ 20 s wall", f"{_s(cli['harness_wall_median'])} s",
-                     _status(cli["harness_wall_median"] <= 20.0)))
+        b = r["cli"]["breakdown"]
+        st, fs = b["stages"], b["backend_first_second"]
+        why = (f"; of the case's {_s(b['run_case_total'])} s: jax's first call (compilation) "
+               f"{_s(fs.get('jax', [0])[0] or 0)} s, judging leaves {_s(st.get('judge leaves (compare)', 0))} s, "
+               f"noise probe {_s(st.get('float32 noise probe (tape and torch in float64)', 0))} s, "
+               f"the tape {_s(sum(x or 0 for x in fs.get('tape', [0, 0])))} s (§2)")
+        ok = cli["harness_wall_median"] <= 20.0
+        rows.append(("`gradcheck run resnet18` ≤ 20 s wall",
+                     f"{_s(cli['harness_wall_median'])} s (runs: "
+                     + ", ".join(_s(x["wall"]) for x in r["cli"]["harness"]) + ")" + ("" if ok else why), _status(ok)))
+        ok = cli["ratio"] <= 1.5
         rows.append(("… ≤ 1.5x the bare frameworks (jax compilation in both)",
-                     f"{_s(cli['ratio'])}x ({_s(cli['harness_wall_median'])} s vs {_s(cli['bare_wall_median'])} s)",
-                     _status(cli["ratio"] <= 1.5)))
+                     f"{_s(cli['ratio'])}x ({_s(cli['harness_wall_median'])} s vs {_s(cli['bare_wall_median'])} s)"
+                     + ("" if ok else f"; missed by {_s(cli['harness_wall_median'] - 1.5 * cli['bare_wall_median'])} s"
+                        " of harness time"), _status(ok)))
         rows.append(("peak memory of `gradcheck run resnet18` ≤ 3 GiB",
                      f"{cli['harness_peak_rss_mib'] / GIB:.2f} GiB", _status(cli["harness_peak_rss_mib"] <= 3 * GIB)))
     ref = r.get("referee", {}).get("modes")
