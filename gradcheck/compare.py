@@ -188,7 +188,10 @@ def _attach_worst(leaf: LeafResult, given) -> None:
     allowed = leaf.tolerance.atol + leaf.tolerance.rtol * np.abs(b)
     with np.errstate(divide="ignore", invalid="ignore"):
         ratio = np.where(diff == 0, 0.0, diff / allowed).ravel()
-    top = np.argsort(ratio)[::-1][:WORST_ELEMENTS]
+    # Only the worst few are shown: a partial selection, not a sort of millions of elements.
+    k = min(WORST_ELEMENTS, ratio.size)
+    top = np.argpartition(ratio, ratio.size - k)[ratio.size - k:]
+    top = top[np.argsort(ratio[top])[::-1]]
     for flat in top:
         idx = np.unravel_index(int(flat), a.shape)
         leaf.worst.append({"index": [int(k) for k in idx], "ratio": float(ratio[flat]),
