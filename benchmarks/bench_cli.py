@@ -11,8 +11,8 @@ start to exit, imports included), ``--runs`` times each, alternating:
 
 Also: the harness's peak resident memory (the child's ``ru_maxrss``, from
 ``wait4``) and, from one extra in-process run, where the harness's time goes
-(model build, each backend, noise probe, referee, comparison, reports are
-not included there).
+(model build, each backend, noise probe, referee, comparison; imports of
+torch and jax are timed apart, reports are not included there).
 """
 
 from __future__ import annotations
@@ -85,8 +85,15 @@ def breakdown(model: str) -> dict:
     from gradcheck import runner
     from gradcheck.layers.models import MODELS
 
-    _common.limit_loaded_libraries(THREADS)
     spent: dict[str, float] = {}
+    # The frameworks are imported by the first case that uses them; imported here, apart, so that
+    # the stages below time work and not imports.
+    t0 = time.perf_counter()
+    import jax  # noqa: F401
+    import torch  # noqa: F401
+
+    imports = time.perf_counter() - t0
+    _common.limit_loaded_libraries(THREADS)
 
     def timed(label, fn):
         def wrapper(*a, **k):
@@ -102,7 +109,7 @@ def breakdown(model: str) -> dict:
     init = runner.CaseRun.__init__
     try:
         runner.CaseRun.__init__ = timed("build model, inputs, float64 copy and forward", init)
-        runner._run_backends = timed("backends (each twice)", originals["_run_backends"])
+        runner._run_backends = timed("backends (jax twice: compiling, then steady state)", originals["_run_backends"])
         runner._noise_probe = timed("float32 noise probe (tape and torch in float64)", originals["_noise_probe"])
         runner._referee = timed("referee", originals["_referee"])
         runner.judge_leaf = timed("judge leaves (compare)", originals["judge_leaf"])
@@ -115,7 +122,7 @@ def breakdown(model: str) -> dict:
             setattr(runner, name, fn)
     per_backend = {b: (t.first or 0.0) + (t.second or 0.0) for b, t in result.timings.items()}
     spent["other"] = total - sum(spent.values())
-    return {"run_case_total": total, "stages": spent, "backends": per_backend,
+    return {"run_case_total": total, "imports_s": imports, "stages": spent, "backends": per_backend,
             "backend_first_second": {b: [t.first, t.second] for b, t in result.timings.items()},
             "referee_passes": result.referee_passes, "verdict": result.verdict}
 

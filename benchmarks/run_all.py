@@ -256,9 +256,9 @@ def _cli(c) -> list[str]:
     out += [
         f"Command: `{c['command']}` ({len(c['harness'])} runs of each side, alternating, fresh processes, wall",
         "clock from outside including imports). The harness runs `gradcheck run resnet18`: the zoo's default",
-        "input, **batch 1**, 3x224x224, float32, train mode; three backends each called twice (first call",
-        "and steady state), the float32 noise probe (tape and torch again in float64), the referee, the",
-        "HTML report. The bare side (`python benchmarks/bare_resnet18.py`) imports torch and jax, builds the",
+        "input, **batch 1**, 3x224x224, float32, train mode; the three backends (jax called twice: its first",
+        "call compiles, the second times the computation), the float32 noise probe (tape and torch again",
+        "in float64), the referee, the HTML report. The bare side (`python benchmarks/bare_resnet18.py`) imports torch and jax, builds the",
         "same parameters and does one forward+backward in torch eager and one in jax (jit compile included).",
         "",
     ]
@@ -274,11 +274,12 @@ def _cli(c) -> list[str]:
             + ".", ""]
     b = c["breakdown"]
     rows = [(k, f"{_s(v)} s") for k, v in b["stages"].items()]
+    imports = f"; importing torch and jax took {_s(b['imports_s'])} s before it" if "imports_s" in b else ""
     out += [f"The harness's case, in process (`run_case`, {_s(b['run_case_total'])} s; imports and reports not "
-            "included), by stage:", ""]
+            f"included{imports}), by stage:", ""]
     out += _table(["stage", "time"], rows)
     fs = b["backend_first_second"]
-    out += ["", "Backends, first / second call: " + "; ".join(
+    out += ["", "Backends, first / second call (eager backends are called once): " + "; ".join(
         f"{k} {_ms(v[0])} / {_ms(v[1])}" for k, v in fs.items()) + f". Referee passes: {b['referee_passes']}.", ""]
     case = c["harness"][0].get("case", {})
     if case.get("verdict") and case["verdict"] != "agree":
@@ -286,8 +287,9 @@ def _cli(c) -> list[str]:
     jax_first = fs.get("jax", [0, 0])[0] or 0
     st = b["stages"]
     extra = {
-        "the tape (both calls)": sum(x or 0 for x in fs.get("tape", [0, 0])),
-        "second calls of torch and jax": (fs.get("torch", [0, 0])[1] or 0) + (fs.get("jax", [0, 0])[1] or 0),
+        "the tape": sum(x or 0 for x in fs.get("tape", [0, 0])),
+        "second calls (jax; torch when timed twice)": (fs.get("torch", [0, 0])[1] or 0)
+        + (fs.get("jax", [0, 0])[1] or 0),
         "noise probe": st.get("float32 noise probe (tape and torch in float64)", 0),
         "referee": st.get("referee", 0), "judging leaves": st.get("judge leaves (compare)", 0),
     }

@@ -20,6 +20,7 @@ blamed; with only two backends and no referee nobody can be blamed.
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 
 import numpy as np
 
@@ -49,17 +50,61 @@ def pair_stats(a: np.ndarray, b: np.ndarray, tol: ResolvedTolerance, scale: floa
     always computed; the verdict and the headroom follow the tolerance's
     criterion (see ``gradcheck.tolerance``).
     """
-    atol = tol.absolute(scale)
-    a64, b64 = np.asarray(a, np.float64), np.asarray(b, np.float64)
-    diff = np.abs(a64 - b64)
-    allowed = atol + tol.rtol * np.abs(b64)
+    return _pair(_Wide(a), _Wide(b), tol, scale, backend, reference, noise)[0]
+
+
+class _Wide:
+    """One backend's array in float64, with the derived arrays the pairs share, each computed once.
+
+    A leaf of ResNet-18 holds up to 2.4 M elements and is compared in three
+    pairs: converting and taking absolute values per pair was most of the
+    time spent judging.
+    """
+
+    def __init__(self, v):
+        self.v = np.asarray(v, np.float64)
+        self._abs = self._norm = None
+
+    @property
+    def abs(self) -> np.ndarray:
+        if self._abs is None:
+            self._abs = np.abs(self.v)
+        return self._abs
+
+    @property
+    def norm(self) -> float:
+        if self._norm is None:
+            flat = self.v.ravel()
+            self._norm = float(np.sqrt(np.dot(flat, flat)))
+        return self._norm
+
+
+def _ratio(diff: np.ndarray, allowed: np.ndarray, nonzero: np.ndarray | None = None) -> np.ndarray:
+    """|a-b| / allowed elementwise, 0 where a == b (inf where nothing is allowed and they differ)."""
     with np.errstate(divide="ignore", invalid="ignore"):
-        ratio = np.where(diff == 0, 0.0, diff / allowed)
-        rel = np.where(diff == 0, 0.0, diff / np.abs(b64))
+        return np.divide(diff, allowed, out=np.zeros_like(diff), where=diff != 0 if nonzero is None else nonzero)
+
+
+def _pair(a: _Wide, b: _Wide, tol: ResolvedTolerance, scale: float, backend: str, reference: str,
+          noise: float | None) -> tuple[PairResult, Callable[[], np.ndarray]]:
+    """The pair's result, and a function giving its elementwise error ratios (for the worst-element table).
+
+    The ratios are materialised only where the verdict needs them (the
+    elementwise criterion) or the leaf shows them (its worst pair).
+    """
+    atol = tol.absolute(scale)
+    diff = a.v - b.v
+    flat = diff.ravel()
+    nd = float(np.sqrt(np.dot(flat, flat)))
+    np.abs(diff, out=diff)
+    allowed = tol.rtol * b.abs
+    allowed += atol
+    nonzero = diff != 0
+    rel = _ratio(diff, b.abs, nonzero)
     bad = diff > allowed
-    na, nb = float(np.linalg.norm(a64)), float(np.linalg.norm(b64))
-    nd = float(np.linalg.norm(a64 - b64))
-    out = PairResult(backend=backend, reference=reference, verdict="agree", mismatched=int(bad.sum()),
+    ratio = _ratio(diff, allowed, nonzero) if tol.criterion != "norm" else None
+    na, nb = a.norm, b.norm
+    out = PairResult(backend=backend, reference=reference, verdict="agree", mismatched=int(np.count_nonzero(bad)),
                      total=int(diff.size))
     if diff.size:
         i = np.unravel_index(int(np.argmax(diff)), diff.shape)
@@ -67,7 +112,7 @@ def pair_stats(a: np.ndarray, b: np.ndarray, tol: ResolvedTolerance, scale: floa
         j = np.unravel_index(int(np.argmax(rel)), rel.shape)
         out.max_rel, out.max_rel_index = float(rel[j]), [int(k) for k in j]
     out.rel_err_norm = nd / nb if nb > 0 else (0.0 if nd == 0 else float("inf"))
-    out.cosine = float(np.dot(a64.ravel(), b64.ravel()) / (na * nb)) if na > 0 and nb > 0 else float(na == nb)
+    out.cosine = float(np.dot(a.v.ravel(), b.v.ravel()) / (na * nb)) if na > 0 and nb > 0 else float(na == nb)
     if tol.criterion == "norm":
         limit = tol.norm_limit(noise)
         out.headroom = out.rel_err_norm / limit if limit > 0 else (0.0 if nd == 0 else float("inf"))
@@ -75,13 +120,13 @@ def pair_stats(a: np.ndarray, b: np.ndarray, tol: ResolvedTolerance, scale: floa
         what = f"relative error norm {out.rel_err_norm:.3g} > {limit:.3g}"
     else:
         out.headroom = float(np.max(ratio)) if diff.size else 0.0
-        failed = bool(bad.any())
+        failed = out.mismatched > 0
         what = f"{out.mismatched}/{out.total} elements off"
     if failed:
         out.verdict = "disagree"
         out.message = (f"{backend} vs {reference}: {what}, max abs {out.max_abs:.3g} at {out.max_abs_index}, "
                        f"max rel {out.max_rel:.3g}, headroom {out.headroom:.3g}")
-    return out
+    return out, (lambda: ratio) if ratio is not None else (lambda: _ratio(diff, allowed, nonzero))
 
 
 def judge_leaf(path: str, role: str, arrays: dict, *, dtype: str, rules: ToleranceRules, layer: str = "",
@@ -104,22 +149,29 @@ def judge_leaf(path: str, role: str, arrays: dict, *, dtype: str, rules: Toleran
     if structural or not expect_array:
         return leaf
 
-    finite = {n: np.isfinite(np.asarray(v, np.float64)) for n, v in given.items()}
+    finite = {n: np.isfinite(v) if v.dtype.kind in "fc" else np.ones(v.shape, bool) for n, v in given.items()}
     if not all(f.all() for f in finite.values()):
         return _nonfinite(leaf, given, finite)
 
-    leaf.norms = {n: float(np.linalg.norm(np.asarray(v, np.float64))) for n, v in given.items()}
-    maxes = sorted(float(np.max(np.abs(v))) if v.size else 0.0 for v in given.values())
+    wide = {n: _Wide(v) for n, v in given.items()}
+    leaf.norms = {n: w.norm for n, w in wide.items()}
+    maxes = sorted(float(np.max(w.abs)) if w.v.size else 0.0 for w in wide.values())
     scale = maxes[len(maxes) // 2] if len(maxes) % 2 else 0.5 * (maxes[len(maxes) // 2 - 1] + maxes[len(maxes) // 2])
     base_tol = rules.resolve(path, dtype, layer)
     leaf.tolerance = base_tol.record(scale, noise)
+    ratios = []
     for x, y in itertools.combinations(names, 2):
         backend, reference = (y, x) if _order(x) <= _order(y) else (x, y)
         tol = rules.resolve(path, dtype, layer, (backend, reference))
-        leaf.pairs.append(pair_stats(given[backend], given[reference], tol, scale, backend, reference, noise))
+        pair, ratio = _pair(wide[backend], wide[reference], tol, scale, backend, reference, noise)
+        leaf.pairs.append(pair)
+        ratios.append(ratio)
         if tol.rules != base_tol.rules:
             leaf.tolerance = tol.record(scale, noise)
-    _attach_worst(leaf, given)
+    if leaf.pairs:
+        worst = max(range(len(leaf.pairs)), key=lambda k: leaf.pairs[k].headroom)
+        _attach_worst(leaf, given, leaf.pairs[worst], ratios[worst]())
+    del ratios, wide
 
     if role in ("param", "input") and maxes[-1] <= VACUOUS_REL.get(dtype, 0.0) * case_scale:
         leaf.verdict = "vacuous"
@@ -176,29 +228,26 @@ def _nonfinite(leaf: LeafResult, given, finite) -> LeafResult:
     return leaf
 
 
-def _attach_worst(leaf: LeafResult, given) -> None:
-    if not leaf.pairs:
+def _attach_worst(leaf: LeafResult, given, worst: PairResult, ratio: np.ndarray) -> None:
+    """The worst pair's few worst elements (every backend's value there) and its histogram of error ratios."""
+    if not ratio.size:
         return
-    worst = max(leaf.pairs, key=lambda p: p.headroom)
-    a = np.asarray(given[worst.backend], np.float64)
-    b = np.asarray(given[worst.reference], np.float64)
-    if not a.size:
-        return
-    diff = np.abs(a - b)
-    allowed = leaf.tolerance.atol + leaf.tolerance.rtol * np.abs(b)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        ratio = np.where(diff == 0, 0.0, diff / allowed).ravel()
+    ratio = ratio.ravel()
     # Only the worst few are shown: a partial selection, not a sort of millions of elements.
     k = min(WORST_ELEMENTS, ratio.size)
     top = np.argpartition(ratio, ratio.size - k)[ratio.size - k:]
     top = top[np.argsort(ratio[top])[::-1]]
     for flat in top:
-        idx = np.unravel_index(int(flat), a.shape)
+        idx = np.unravel_index(int(flat), given[worst.backend].shape)
         leaf.worst.append({"index": [int(k) for k in idx], "ratio": float(ratio[flat]),
-                           "values": {n: float(np.asarray(v, np.float64)[idx]) for n, v in given.items()}})
+                           "values": {n: float(v[idx]) for n, v in given.items()}})
+    # Decades of the ratio, clipped into the histogram's range (exact zeros in the lowest bin); the edges
+    # are whole decades, so a floor is the bin and no sort is needed.
     with np.errstate(divide="ignore"):
-        logs = np.log10(np.where(ratio > 0, ratio, 10.0 ** HIST_EDGES[0]))
-    counts, _ = np.histogram(np.clip(logs, HIST_EDGES[0], HIST_EDGES[-1] - 1e-9), bins=HIST_EDGES)
+        logs = np.log10(ratio)
+    lo, n_bins = HIST_EDGES[0], len(HIST_EDGES) - 1
+    bins = np.clip(np.floor(logs - lo), 0, n_bins - 1).astype(np.intp)
+    counts = np.bincount(bins, minlength=n_bins)
     leaf.histogram = {"edges": HIST_EDGES, "counts": [int(c) for c in counts],
                       "pair": [worst.backend, worst.reference]}
 

@@ -97,7 +97,7 @@ class LeafResult:
 @dataclass
 class Timing:
     first: float | None = None  # seconds, first call (includes compilation: time to first gradient)
-    second: float | None = None  # seconds, a second call of the same function
+    second: float | None = None  # seconds, a second call (backends that compile only; None for eager ones)
 
 
 @dataclass

@@ -1,8 +1,9 @@
 """The runner: each case through every backend and the referee, compared, streamed to disk.
 
 Per case: build model, inputs and the loss cotangent from the case seed (numpy,
-identical bits for every backend); run each backend twice (the first call's
-time includes compilation: time to first gradient); compare forward outputs,
+identical bits for every backend); run each backend, and a backend that
+compiles (jax) twice: its first call's time includes compilation (time to
+first gradient), the second is the computation alone; compare forward outputs,
 updated buffers and every gradient leaf; ask the float64 referee; record a
 verdict and blame per leaf.  One case that raises, or one backend that fails
 on it, is a recorded error: the run goes on.  Each finished case is appended
@@ -41,7 +42,7 @@ class RunOptions:
     rules: ToleranceRules = field(default_factory=ToleranceRules)
     referee: str = "auto"  # "leaves" (every leaf), "auto", "joint", "off"
     referee_budget_s: float = 20.0  # auto: check every leaf when that costs less than this
-    repeat: bool = True  # time a second call per backend
+    repeat: bool = True  # time a second call of each backend that compiles (its first call includes compiling)
     replay: Callable[[Case], str] | None = None  # command line that re-runs one case
 
 
@@ -135,7 +136,7 @@ def _run_backends(cr: CaseRun, options: RunOptions, res: CaseResult) -> dict:
             t0 = time.perf_counter()
             evaluations[name] = driver.evaluate(f, cr.args, cr.prefixes)
             timing.first = time.perf_counter() - t0
-            if options.repeat:
+            if options.repeat and driver.compiles:
                 t0 = time.perf_counter()
                 driver.evaluate(f, cr.args, cr.prefixes)
                 timing.second = time.perf_counter() - t0
@@ -266,10 +267,8 @@ def _case_scale(grad_leaves) -> float:
     for _, _, arrays in grad_leaves:
         for v in arrays.values():
             if v is not MISSING and v is not None and np.size(v):
-                a = np.abs(np.asarray(v, np.float64))
-                a = a[np.isfinite(a)]
-                if a.size:
-                    best = max(best, float(a.max()))
+                a = np.abs(np.asarray(v))
+                best = max(best, float(np.max(a, where=np.isfinite(a), initial=0.0)))
     return best
 
 

@@ -110,6 +110,8 @@ def timings_svg(case: CaseResult, width: int = 380) -> str:
             parts.append(f'<text x="{label_w}" y="{y + bar_h + 4}" class="ax">{e(why)}</text>')
             continue
         for k, (s, colour, which) in enumerate(((t.first, FIRST, "first"), (t.second, SECOND, "second"))):
+            if k == 1 and s is None:  # an eager backend is called once
+                continue
             yy = y + k * (bar_h + 2)
             w = pw * s / vmax if _finite(s) and s > 0 and vmax > 0 else 0.0
             label = fmt_seconds(s)

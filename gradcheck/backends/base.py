@@ -68,6 +68,9 @@ class Backend:
     name = "?"
     module = None  # the framework's import name
     install_hint = ""
+    # Whether the first call compiles (so a second call times the computation
+    # alone); eager backends' calls all cost the same, and the runner calls them once.
+    compiles = False
 
     def available(self) -> tuple[bool, str]:
         """(True, version) or (False, why and how to install)."""
