@@ -93,7 +93,7 @@ def _pair(a: _Wide, b: _Wide, tol: ResolvedTolerance, scale: float, backend: str
     elementwise criterion) or the leaf shows them (its worst pair).
     """
     atol = tol.absolute(scale)
-    diff = a.v - b.v
+    diff = np.asarray(a.v - b.v)  # an array even for 0-d leaves (a scalar loss), so it can be written in place
     flat = diff.ravel()
     nd = float(np.sqrt(np.dot(flat, flat)))
     np.abs(diff, out=diff)

@@ -369,6 +369,13 @@ def broadcasts_into(small, big) -> bool:
         return False
 
 
+def reduced_axes(axes, ndim) -> tuple[int, ...]:
+    """``axes`` (None, an int or a tuple, negatives allowed) as sorted non-negative ints."""
+    if axes is None:
+        return tuple(range(ndim))
+    return tuple(sorted(a % ndim for a in ((axes,) if isinstance(axes, int) else axes)))
+
+
 def normalize_stats(x, axes, eps):
     """``(mean, var, centred, rstd)`` of ``x`` over ``axes`` (biased variance, reduced axes kept).
 

@@ -249,6 +249,45 @@ def var(x, axis=None, keepdims=False, ddof=0):
 
 
 @op
+def normalize(x, axes, eps, weight=None, bias=None):
+    """``(y, mean, var)``: ``y = (x - mean) / sqrt(var + eps) * weight + bias``, statistics over ``axes``.
+
+    BatchNorm's, LayerNorm's and GroupNorm's normalisation as one op, so that
+    a backend can run its fused kernel (one tape node; torch's ``batch_norm``
+    and ``layer_norm``); this body, the composition, is what the others run.
+    ``mean`` and ``var`` (biased, reduced axes kept) carry no gradient: they
+    are for running statistics.  ``weight`` and ``bias`` (None leaves them
+    out) broadcast into ``x``: BatchNorm's shaped ``(1, C, 1, ...)``,
+    LayerNorm's as the normalised shape.
+    """
+    check_normalize_affine(shape_of(x), weight, bias)
+    mu = mean(x, axis=axes, keepdims=True)
+    centred = sub(x, mu)
+    v = mean(mul(centred, centred), axis=axes, keepdims=True)
+    scale = rsqrt(add(v, eps))
+    # A per-channel weight joins the per-channel scale before the full-size multiply.
+    fold = weight is not None and kernels.broadcasts_into(shape_of(weight), shape_of(v))
+    if fold:
+        scale = mul(scale, weight)
+    y = mul(centred, scale)
+    if weight is not None and not fold:
+        y = mul(y, weight)
+    if bias is not None:
+        y = add(y, bias)
+    return y, stop_gradient(mu), stop_gradient(v)
+
+
+def check_normalize_affine(shape, weight, bias) -> None:
+    """``normalize``'s weight and bias must broadcast into the input (every backend's version checks)."""
+    for name, a in (("weight", weight), ("bias", bias)):
+        if a is not None and not kernels.broadcasts_into(shape_of(a), shape):
+            raise ValueError(
+                f"normalize: {name} of shape {shape_of(a)} does not broadcast into the input's shape {shape}; "
+                "it must (one value per channel or per normalised element)"
+            )
+
+
+@op
 def max(x, axis=None, keepdims=False):
     """Max reduction; at ties the gradient is split evenly (torch.amax, jax agree)."""
 

@@ -112,8 +112,14 @@ def run_case(case: Case, options: RunOptions | None = None) -> CaseResult:
         return res
     res.params = int(sum(np.size(v) for _, v in cr.model.named_parameters()))
     evaluations = _run_backends(cr, options, res)
-    if evaluations:
-        _compare(cr, evaluations, options, res)
+    try:
+        if evaluations:
+            _compare(cr, evaluations, options, res)
+    except Exception as exc:  # gradcheck's own bug: this case's error, and the run goes on
+        res.errors["case"] = f"internal error while comparing (a bug in gradcheck; please report it): " \
+                             f"{_short_error(exc)}"
+        res.verdict = "error"
+        return res
     res.verdict = case_verdict(res.leaves, res.errors)
     if res.leaves_compared == 0 and not res.errors:
         res.errors["case"] = "no leaf was compared (no backend ran, or the model has no trainable leaf)"

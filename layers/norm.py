@@ -1,9 +1,10 @@
 """Normalisation layers; running statistics are buffers, updated in training mode.
 
-Each layer computes its mean once, reuses the centred input for the variance
-and the output, and folds the affine weight into the per-channel scale before
-it touches the full-size activation: four full-size elementwise ops per
-BatchNorm forward, which matters when the tape runs ResNet.
+Batch statistics go through ``ops.normalize``: one node on the tape, torch's
+own ``batch_norm``/``layer_norm`` kernels on torch, the composition
+elsewhere.  In eval mode BatchNorm applies its running statistics, with the
+affine weight folded into the per-channel scale before it touches the
+full-size activation.
 """
 
 from __future__ import annotations
@@ -14,14 +15,6 @@ import numpy as np
 
 from gradcheck import ops
 from gradcheck.module import Module, buffer, param, static
-
-
-def _normalise(x, axes, eps):
-    """``(x - mean) / sqrt(var + eps)`` over ``axes`` (biased variance), plus the statistics."""
-    mean = ops.mean(x, axis=axes, keepdims=True)
-    centred = x - mean
-    var = ops.mean(centred * centred, axis=axes, keepdims=True)
-    return centred, mean, var
 
 
 class _BatchNorm(Module):
@@ -58,6 +51,7 @@ class _BatchNorm(Module):
             )
         axes = (0,) + tuple(range(2, len(shape)))
         bshape = (1, shape[1]) + (1,) * (len(shape) - 2)
+        weight, bias = (None if a is None else ops.reshape(a, bshape) for a in (self.weight, self.bias))
         if self.training or self.running_mean is None:
             n = int(np.prod([shape[a] for a in axes]))
             if self.training and n <= 1:
@@ -65,19 +59,16 @@ class _BatchNorm(Module):
                     f"{type(self).__name__}: expected more than 1 value per channel when training, "
                     f"got input of shape {shape}; use a larger batch or eval mode"
                 )
-            centred, mean, var = _normalise(x, axes, self.eps)
+            y, mean, var = ops.normalize(x, axes, self.eps, weight=weight, bias=bias)
             if self.training and self.running_mean is not None:
                 self._update_running(ops.reshape(mean, (-1,)), ops.reshape(var, (-1,)), n)
-        else:
-            centred = x - ops.reshape(self.running_mean, bshape)
-            var = ops.reshape(self.running_var, bshape)
-        scale = ops.rsqrt(var + self.eps)
-        if self.weight is not None:
-            scale = scale * ops.reshape(self.weight, bshape)
+            return y
+        centred = x - ops.reshape(self.running_mean, bshape)
+        scale = ops.rsqrt(ops.reshape(self.running_var, bshape) + self.eps)
+        if weight is not None:
+            scale = scale * weight
         y = centred * scale
-        if self.bias is not None:
-            y = y + ops.reshape(self.bias, bshape)
-        return y
+        return y + bias if bias is not None else y
 
     def _update_running(self, mean, var, n):
         # torch updates running_var with the unbiased batch variance, and with
@@ -126,13 +117,8 @@ class LayerNorm(Module):
                 f"LayerNorm(normalized_shape={self.normalized_shape}): input of shape {shape} "
                 "does not end with those dims"
             )
-        centred, _, var = _normalise(x, tuple(range(len(shape) - k, len(shape))), self.eps)
-        y = centred * ops.rsqrt(var + self.eps)
-        if self.weight is not None:
-            y = y * self.weight
-        if self.bias is not None:
-            y = y + self.bias
-        return y
+        axes = tuple(range(len(shape) - k, len(shape)))
+        return ops.normalize(x, axes, self.eps, weight=self.weight, bias=self.bias)[0]
 
 
 class GroupNorm(Module):
@@ -161,8 +147,7 @@ class GroupNorm(Module):
                 f"expected (N, {self.num_channels}, ...)"
             )
         grouped = ops.reshape(x, (shape[0], self.num_groups, -1))
-        centred, _, var = _normalise(grouped, (2,), self.eps)
-        y = ops.reshape(centred * ops.rsqrt(var + self.eps), shape)
+        y = ops.reshape(ops.normalize(grouped, (2,), self.eps)[0], shape)
         bshape = (1, shape[1]) + (1,) * (len(shape) - 2)
         if self.weight is not None:
             y = y * ops.reshape(self.weight, bshape) + ops.reshape(self.bias, bshape)

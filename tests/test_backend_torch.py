@@ -181,6 +181,15 @@ ROWS = [
     R("var", lambda x: ops.var(x), (3, 4)),
     R("var", lambda x: ops.var(x, axis=(0, 2, 3)), (2, 3, 4, 2)),
     R("var", lambda x: ops.var(x, axis=1, keepdims=True, ddof=1), (2, 5, 3)),
+    # normalize: BatchNorm, BatchNorm1d, LayerNorm and other shapes; the statistics
+    R("normalize", lambda x, w, b: ops.normalize(x, (0, 2, 3), 1e-5, weight=w, bias=b)[0], (3, 4, 5, 2), (1, 4, 1, 1),
+      (1, 4, 1, 1)),
+    R("normalize", lambda x: ops.normalize(x, 0, 1e-5)[0], (5, 3)),
+    R("normalize", lambda x, w, b: ops.normalize(x, (-2, -1), 1e-5, weight=w, bias=b)[0], (2, 3, 4, 5), (4, 5),
+      (4, 5)),
+    R("normalize", lambda x, w: ops.normalize(x, (1,), 1e-3, weight=w)[0], (3, 4, 2), (4, 1)),
+    R("normalize", lambda x: ops.normalize(x, (0, 2), 1e-5)[1], (3, 4, 2), grad=False),
+    R("normalize", lambda x: ops.normalize(x, (-1,), 1e-5)[2], (3, 4, 2), grad=False),
     R("max", lambda x: ops.max(x), (3, 4)),
     R("max", lambda x: ops.max(x, axis=1), (2, 3, 4)),
     R("max", lambda x: ops.max(x, axis=(0, 2), keepdims=True), (2, 3, 4), ties=True),
@@ -321,6 +330,15 @@ def test_every_op_has_forward_and_gradient_rows():
     )
     missing = set(ops.__all__) - graded - NOT_DIFFERENTIABLE
     assert not missing, f"ops without a gradient row: {sorted(missing)}"
+
+
+def test_normalize_is_the_composition_on_torch():
+    # Deliberate (see torch_ops.normalize): torch's fused BatchNorm kernel is so much more accurate in
+    # float32 that its noise would no longer stand for jax's, whose normalisation is the composition.
+    x = torch.randn((3, 4, 5, 2), dtype=torch.float64, requires_grad=True)
+    w = torch.rand((1, 4, 1, 1), dtype=torch.float64) + 0.5
+    y = ops.normalize(x, (0, 2, 3), 1e-5, weight=w, bias=None)[0]
+    assert "Norm" not in y.grad_fn.name(), y.grad_fn.name()
 
 
 def test_every_op_is_implemented_natively():

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import gradcheck.layers as L
-from gradcheck import ops, results
+from gradcheck import kernels, ops, results
 from gradcheck.backends import get_backend, tape_ops
 from gradcheck.case import Case
 from gradcheck.runner import RunOptions, run, run_case
@@ -106,6 +106,8 @@ def test_flipped_conv_weight_gradient_is_caught(monkeypatch):
 def test_batchnorm_backward_missing_its_mean_term_is_localised(monkeypatch):
     # The tape forgets that the batch mean depends on x: BatchNorm's input
     # gradient loses a term, so everything *before* the BatchNorm is wrong.
+    # (Without its fused normalize the tape composes BatchNorm from ops.mean.)
+    monkeypatch.delattr(tape_ops, "normalize")
     derived_mean = ops.mean.__wrapped__
     monkeypatch.setattr(tape_ops, "mean", lambda x, axis=None, keepdims=False:
                         ops.stop_gradient(derived_mean(x, axis=axis, keepdims=keepdims)), raising=False)
@@ -115,6 +117,21 @@ def test_batchnorm_backward_missing_its_mean_term_is_localised(monkeypatch):
     assert all(x.blame == ["tape"] for x in bad.values())
     assert r.first_disagreement == "0.weight"
     assert leaf(r, "1.weight").verdict == "agree"  # after the bug: unaffected
+
+
+def test_fused_batchnorm_weight_gradient_halved_is_caught(monkeypatch):
+    # The tape's one-node normalize: a wrong weight gradient from its fused kernel is that leaf's alone.
+    original = kernels.normalize_grads
+
+    def halved_weight_grad(argnums, *a, **k):
+        grads = original(argnums, *a, **k)
+        return [g * 0.5 if i == 1 else g for i, g in zip(argnums, grads, strict=True)]
+
+    monkeypatch.setattr(kernels, "normalize_grads", halved_weight_grad)
+    r = check("conv_bn_dense")
+    bad = failing(r)
+    assert set(bad) == {"1.weight"}, sorted(bad)
+    assert bad["1.weight"].blame == ["tape"]
 
 
 def _wrap_evaluate(monkeypatch, backend, edit):
@@ -211,6 +228,32 @@ def test_one_broken_case_does_not_stop_the_run(tmp_path):
     assert [c.verdict for c in out.cases] == ["error", "agree"]
     assert "cannot be built" in out.cases[0].errors["case"]
     assert [c.name for c in results.load(tmp_path / "r.jsonl").cases] == ["broken", "chain"]
+
+
+def test_a_scalar_output_is_compared_like_any_leaf():
+    # A model that returns its own loss: the output leaf is 0-d.
+    case = Case("scalar", chain, lambda rng: (rng.standard_normal((4, 2)),), forward=lambda m, x: ops.sum(m(x)))
+    r = run_case(case, RunOptions(backends=ALL))
+    assert r.verdict == "agree", [(x.path, x.message) for x in r.leaves]
+    out = leaf(r, "output")
+    assert out.shape == [] and len(out.pairs) == 3 and out.worst and out.worst[0]["index"] == []
+
+
+def test_a_bug_in_comparing_one_case_is_that_cases_error(tmp_path, monkeypatch):
+    from gradcheck import runner
+
+    def judge(path, *a, **k):
+        if path == "output":
+            raise RuntimeError("comparison bug")
+        return original(path, *a, **k)
+
+    original = runner.judge_leaf
+    monkeypatch.setattr(runner, "judge_leaf", judge)
+    out = run([CASES["chain"], CASES["chain"].with_(name="again")], RunOptions(backends=("tape",)),
+              results_path=tmp_path / "r.jsonl")
+    assert [c.verdict for c in out.cases] == ["error", "error"]
+    assert "comparison bug" in out.cases[0].errors["case"] and "a bug in gradcheck" in out.cases[0].errors["case"]
+    assert [c.name for c in results.load(tmp_path / "r.jsonl").cases] == ["chain", "again"]
 
 
 def test_an_interrupted_run_keeps_every_finished_case(tmp_path):

@@ -337,6 +337,35 @@ def _(d):
     return (lambda x: ops.var(x, axis=axis, keepdims=keepdims, ddof=ddof)), (d.normal(shape),)
 
 
+@row("normalize", "normalize (batchnorm, layernorm, groupnorm axes; weight and bias or not)")
+def _(d):
+    kind = d.pick(["batchnorm", "layernorm", "groups"], "kind")
+    if kind == "batchnorm":  # statistics over every dim but 1, a per-channel affine (folded into the scale)
+        shape = d.shape(min_dims=2, max_dims=4, min_side=2)
+        axes = (0,) + tuple(range(2, len(shape)))
+        affine = (1, shape[1]) + (1,) * (len(shape) - 2)
+    elif kind == "layernorm":  # over trailing dims, an affine of their shape
+        shape = d.shape(min_dims=1, max_dims=3, min_side=2)
+        k = d.int(1, len(shape), "normalised dims")
+        axes = tuple(range(len(shape) - k, len(shape)))
+        affine = tuple(shape[len(shape) - k:])
+    else:  # GroupNorm's statistics: (N, groups, rest), no affine
+        shape, axes, affine = d.shape(min_dims=3, max_dims=3, min_side=2), (2,), None
+    with_weight = affine is not None and d(st.booleans(), "weight")
+    with_bias = affine is not None and d(st.booleans(), "bias")
+    # Distinct values: a near-constant group would make 1/std, and its finite differences, explode.
+    args = (d.distinct(shape, spacing=0.3),) + ((d.positive(affine),) if with_weight else ()) + (
+        (d.normal(affine),) if with_bias else ())
+
+    def f(x, *wb):
+        wb = list(wb)
+        weight = wb.pop(0) if with_weight else None
+        bias = wb.pop(0) if with_bias else None
+        return ops.normalize(x, axes, 1e-5, weight=weight, bias=bias)[0]
+
+    return f, args
+
+
 def _softmax(op):
     fn = getattr(ops, op)
 

@@ -139,6 +139,15 @@ def log_softmax(x, axis=-1):
     return x - logsumexp(x, axis=axis, keepdims=True)
 
 
+def normalize(x, axes, eps, weight=None, bias=None):
+    """The fused forward (the referee's float64 passes go through every BatchNorm)."""
+    from gradcheck.ops import check_normalize_affine
+
+    check_normalize_affine(x.shape, weight, bias)
+    mean, var, centred, rstd = kernels.normalize_stats(x, kernels.reduced_axes(axes, x.ndim), eps)
+    return kernels.normalize_apply(centred, rstd, weight, bias), mean, var
+
+
 def _axis(axis):
     return tuple(axis) if isinstance(axis, list) else axis
 

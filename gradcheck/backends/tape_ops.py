@@ -398,12 +398,6 @@ def conv_transpose(x, w, bias=None, stride=1, padding=0, output_padding=0, dilat
 # keyword, so a first-order backward pass reuses them (kernels.normalize_grads);
 # under create_graph they are recomputed from x with ops, and the gradient is
 # the same formula in ops, itself differentiable (second order).
-def _reduced_axes(axes, ndim) -> tuple[int, ...]:
-    if axes is None:
-        return tuple(range(ndim))
-    return tuple(sorted(a % ndim for a in ((axes,) if isinstance(axes, int) else axes)))
-
-
 def _normalize_vjp(argnums, g, ans, x, weight, bias, axes, eps, stats):
     if not isinstance(g, Tensor):
         return kernels.normalize_grads(argnums, g, weight, bias, axes, *stats)
@@ -431,23 +425,10 @@ _normalize.defvjp_joint(_normalize_vjp)
 
 
 def normalize(x, axes, eps, weight=None, bias=None):
-    """``(y, mean, var)``: ``y = (x - mean) / sqrt(var + eps) * weight + bias`` over ``axes``, as one node.
-
-    The tape's fused version of a normalisation op for BatchNorm, LayerNorm
-    and GroupNorm (their layers compose it from ops today).  ``mean`` and
-    ``var`` (biased, reduced axes kept) carry no gradient; they are for
-    running statistics.  ``weight`` and ``bias`` (None leaves them out)
-    broadcast into ``x``'s shape: BatchNorm's shaped ``(1, C, 1, ...)``,
-    LayerNorm's as the normalised shape.
-    """
+    """``gradcheck.ops.normalize`` as one node (see there); ``mean`` and ``var`` carry no gradient."""
     shape = _shape(x)
-    for name, a in (("weight", weight), ("bias", bias)):
-        if a is not None and not kernels.broadcasts_into(_shape(a), shape):
-            raise ValueError(
-                f"normalize: {name} of shape {_shape(a)} does not broadcast into the input's shape {shape}; "
-                "it must (one value per channel or per normalised element)"
-            )
-    axes = _reduced_axes(axes, len(shape))
+    o.check_normalize_affine(shape, weight, bias)
+    axes = kernels.reduced_axes(axes, len(shape))
     mean, var, centred, rstd = kernels.normalize_stats(raw(x), axes, eps)
     y = _normalize(x, weight, bias, axes=axes, eps=eps, stats=(centred, rstd))
     return y, Tensor(mean), Tensor(var)
