@@ -14,7 +14,7 @@ import importlib.metadata
 from dataclasses import dataclass, field
 from typing import Any
 
-from gradcheck.tree import Leaf, leaves_with_paths
+from gradcheck.tree import Leaf, leaves_with_paths, map_leaves
 
 
 class BackendUnavailable(RuntimeError):
@@ -51,6 +51,44 @@ def split_output(out):
 def read_buffers(args, prefixes, to_numpy) -> dict[str, Any]:
     """Buffer values after f ran (a layer updates a buffer by assigning the field)."""
     return {leaf.path: to_numpy(leaf.value) for leaf in all_leaves(args, prefixes) if leaf.kind == "buffer"}
+
+
+def evaluate_eagerly(f, args, prefixes, lift, differentiate, to_numpy) -> Evaluation:
+    """The eager drivers' shared skeleton (tape, torch): every leaf onto the framework, ``f``, the gradient.
+
+    ``lift(value, trainable) -> (tensor, linked)`` makes one leaf's tensor;
+    ``linked`` says the value was already a tensor of an outer gradient, and
+    was kept attached to it: then ``f`` is being differentiated inside that
+    gradient, so results stay tensors (and the gradient is taken with
+    ``create_graph``) for the outer one to differentiate.
+    ``differentiate(loss, tensors, create_graph)`` returns one gradient per
+    trainable tensor; ``to_numpy`` hands results back.
+    """
+    prefixes = arg_prefixes(args, prefixes)
+    leaves = all_leaves(args, prefixes)
+    tracked: dict[str, Any] = {}
+    nested = False
+
+    def to_tensor(path, value, kind):
+        nonlocal nested
+        trainable = Leaf(path, value, kind).trainable
+        tensor, linked = lift(value, trainable)
+        nested = nested or linked
+        if trainable:
+            tracked[path] = tensor
+        return tensor
+
+    targs = [map_leaves(a, to_tensor, p) for a, p in zip(args, prefixes, strict=True)]
+    loss, value = split_output(f(*targs))
+    paths = list(tracked)
+    grads = differentiate(loss, [tracked[p] for p in paths], nested)
+    keep = (lambda x: x) if nested else to_numpy
+    return Evaluation(
+        value=map_output(value, keep),
+        grads=dict(zip(paths, (keep(g) for g in grads), strict=True)),
+        buffers=read_buffers(targs, prefixes, keep),
+        leaves=leaves,
+    )
 
 
 def map_output(out, fn):

@@ -5,56 +5,29 @@ from __future__ import annotations
 import numpy as np
 
 from gradcheck import tape
-from gradcheck.backends.base import (
-    Backend,
-    Evaluation,
-    all_leaves,
-    arg_prefixes,
-    map_output,
-    read_buffers,
-    split_output,
-)
-from gradcheck.tree import Leaf, map_leaves
+from gradcheck.backends.base import Backend, Evaluation, evaluate_eagerly
 
 
 class TapeBackend(Backend):
     name = "tape"
 
     def evaluate(self, f, args, prefixes=None) -> Evaluation:
-        from gradcheck.backends.tape_ops import identity
+        return evaluate_eagerly(f, args, prefixes, _lift, _differentiate, lambda x: np.asarray(tape.raw(x)))
 
-        prefixes = arg_prefixes(args, prefixes)
-        leaves = all_leaves(args, prefixes)
-        tracked: dict[str, tape.Tensor] = {}
-        nested = False
 
-        def to_tensor(path, value, kind):
-            nonlocal nested
-            trainable = Leaf(path, value, kind).trainable
-            if not trainable and np.asarray(tape.raw(value)).dtype.kind != "f":
-                # Integer leaves (token ids, labels) are constants: hand them over as
-                # numpy, so indexing with them needs no unwrapping in layers.
-                return np.asarray(tape.raw(value))
-            if isinstance(value, tape.Tensor) and value.requires_grad:
-                # Called inside an outer gradient: link to the outer tape so the
-                # result stays differentiable (gradients of gradients).
-                nested = True
-                t = identity(value) if trainable else tape.Tensor(value.value)
-            else:
-                t = tape.Tensor(tape.raw(value), requires_grad=trainable)
-            if trainable:
-                tracked[path] = t
-            return t
+def _lift(value, trainable):
+    from gradcheck.backends.tape_ops import identity
 
-        targs = [map_leaves(a, to_tensor, p) for a, p in zip(args, prefixes)]
-        out = f(*targs)
-        loss, value = split_output(out)
-        paths = list(tracked)
-        grads = tape.grad(loss, [tracked[p] for p in paths], create_graph=nested) if paths else []
-        keep = (lambda x: x) if nested else (lambda x: np.asarray(tape.raw(x)))
-        return Evaluation(
-            value=map_output(value, keep),
-            grads=dict(zip(paths, (keep(g) for g in grads))),
-            buffers=read_buffers(targs, prefixes, keep),
-            leaves=leaves,
-        )
+    if not trainable and np.asarray(tape.raw(value)).dtype.kind != "f":
+        # Integer leaves (token ids, labels) are constants: hand them over as
+        # numpy, so indexing with them needs no unwrapping in layers.
+        return np.asarray(tape.raw(value)), False
+    if isinstance(value, tape.Tensor) and value.requires_grad:
+        # Called inside an outer gradient: link to the outer tape so the
+        # result stays differentiable (gradients of gradients).
+        return (identity(value) if trainable else tape.Tensor(value.value)), True
+    return tape.Tensor(tape.raw(value), requires_grad=trainable), False
+
+
+def _differentiate(loss, wrt, create_graph):
+    return tape.grad(loss, wrt, create_graph=create_graph) if wrt else []

@@ -12,16 +12,7 @@ import sys
 
 import numpy as np
 
-from gradcheck.backends.base import (
-    Backend,
-    Evaluation,
-    all_leaves,
-    arg_prefixes,
-    map_output,
-    read_buffers,
-    split_output,
-)
-from gradcheck.tree import Leaf, map_leaves
+from gradcheck.backends.base import Backend, Evaluation, evaluate_eagerly
 
 DEVICE_ENV = "GRADCHECK_TORCH_DEVICE"
 
@@ -73,42 +64,23 @@ class TorchBackend(Backend):
         import torch
 
         _configure(torch)
-        prefixes = arg_prefixes(args, prefixes)
-        leaves = all_leaves(args, prefixes)
-        tracked: dict[str, torch.Tensor] = {}
-        nested = False
+        device = self.device
 
-        def to_tensor(path, value, kind):
-            nonlocal nested
-            trainable = Leaf(path, value, kind).trainable
+        def lift(value, trainable):
             if isinstance(value, torch.Tensor) and value.requires_grad:
                 # Called inside an outer torch gradient: stay linked to the outer
                 # graph so the result is differentiable (gradients of gradients).
-                nested = True
-                t = value.clone() if trainable else value.detach().clone()
-            elif isinstance(value, torch.Tensor):
-                t = value.detach().clone().to(self.device).requires_grad_(trainable)
-            else:
-                # A copy: torch must not share (and possibly write into) the caller's arrays.
-                t = torch.from_numpy(np.array(value, order="C", copy=True)).to(self.device)
-                t.requires_grad_(trainable)
-            if trainable:
-                tracked[path] = t
-            return t
+                return (value.clone() if trainable else value.detach().clone()), True
+            if isinstance(value, torch.Tensor):
+                return value.detach().clone().to(device).requires_grad_(trainable), False
+            # A copy: torch must not share (and possibly write into) the caller's arrays.
+            return torch.from_numpy(np.array(value, order="C", copy=True)).to(device).requires_grad_(trainable), False
 
-        targs = [map_leaves(a, to_tensor, p) for a, p in zip(args, prefixes, strict=True)]
-        out = f(*targs)
-        loss, value = split_output(out)
-        _check_loss(loss, torch)
-        paths = list(tracked)
-        grads = _grads(torch, loss, [tracked[p] for p in paths], nested)
-        keep = (lambda x: x) if nested else _to_numpy
-        return Evaluation(
-            value=map_output(value, keep),
-            grads=dict(zip(paths, (keep(g) for g in grads), strict=True)),
-            buffers=read_buffers(targs, prefixes, keep),
-            leaves=leaves,
-        )
+        def differentiate(loss, wrt, create_graph):
+            _check_loss(loss, torch)
+            return _grads(torch, loss, wrt, create_graph)
+
+        return evaluate_eagerly(f, args, prefixes, lift, differentiate, _to_numpy)
 
 
 def _to_numpy(x):
