@@ -109,7 +109,8 @@ def _case_out(case: CaseResult) -> str:
     if case.first_disagreement:
         lines.append(f"disagreement starts at {case.first_disagreement}")
     for b, t in case.timings.items():
-        lines.append(f"{b}: first call {fmt_seconds(t.first)}, second call {fmt_seconds(t.second)}")
+        second = "" if t.second is None else f", second call {fmt_seconds(t.second)}"
+        lines.append(f"{b}: first call {fmt_seconds(t.first)}{second}")
     for b, why in case.unavailable.items():
         lines.append(f"{b} unavailable: {why}")
     lines += case.notes
