@@ -210,11 +210,11 @@ def _compare(cr: CaseRun, evaluations: dict, options: RunOptions, res: CaseResul
 def _rel(a, b) -> float | None:
     if a is None or b is None or a is MISSING or b is MISSING:
         return None
-    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    a, b = np.asarray(a), np.asarray(b)  # float32 against float64: the difference is taken in float64
     if a.shape != b.shape or not (np.isfinite(a).all() and np.isfinite(b).all()):
         return None
-    nb = float(np.linalg.norm(b))
-    return float(np.linalg.norm(a - b)) / nb if nb > 0 else None
+    nb = float(np.linalg.norm(b.astype(np.float64, copy=False).ravel()))
+    return float(np.linalg.norm(np.subtract(a, b, dtype=np.float64).ravel())) / nb if nb > 0 else None
 
 
 PROBED = ("tape", "torch")  # backends whose float64 run is cheap (jax would compile again)
