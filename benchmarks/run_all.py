@@ -245,6 +245,9 @@ def _frameworks(fw, fw1) -> list[str]:
         "Reading: the drivers' own cost is `tape` − `tape ops` and `torch` − `torch ops`; `torch ops` −",
         "`torch.nn` is what writing BatchNorm and friends in gradcheck ops costs torch (torch.nn calls its fused",
         "native kernels). For the MLP and the transformer every variant is dominated by per-call overhead.",
+        "The two jax first calls run in that order in one process, after a tiny jit call has paid jax's",
+        "start-up: the second (`jax.jit`) reuses traces jax cached during the first, so their difference is an",
+        "upper bound on the driver's compile-time overhead (figure 2 compares fresh processes).",
         "",
     ]
     return out
