@@ -68,6 +68,7 @@ def run_mode(runner, case, options) -> dict:
     def init(self, *a, **k):
         original_init(self, *a, **k)
         spent["forward64_s"] = self.forward64_s
+        spent["forward64_estimated_s"] = self.forward64_work.seconds()  # what auto mode decides by
 
     runner._referee, runner.CaseRun.__init__ = timed_referee, init
     try:
@@ -79,6 +80,7 @@ def run_mode(runner, case, options) -> dict:
         "referee_passes": result.referee_passes, "trainable_leaves": trainable,
         "passes_per_leaf": result.referee_passes / trainable if trainable else None,
         "referee_s": spent.get("referee_s"), "forward64_s": spent.get("forward64_s"),
+        "forward64_estimated_s": spent.get("forward64_estimated_s"),
         "verdict": result.verdict, "notes": [n for n in result.notes if n.startswith("referee")],
         "params": result.params,
         "seconds_per_pass": (spent["referee_s"] / result.referee_passes) if result.referee_passes else None,

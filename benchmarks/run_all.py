@@ -330,8 +330,9 @@ def _referee(ref) -> list[str]:
         "",
         "Per leaf the referee takes two passes (a central difference), and two more for a leaf some backend",
         "misses (the step is doubled to tell a wrong backend from an unstable finite difference); the default",
-        "`auto` mode checks every leaf only when that fits its time budget, otherwise one joint direction",
-        "over all leaves (two passes, four with the retry).",
+        "`auto` mode checks every leaf only when that fits its budget (20 s, estimated from the float64",
+        "forward's counted work, not timed: `gradcheck/cost.py`), otherwise one joint direction over all",
+        "leaves (two passes, four with the retry) and each leaf the backends disagree on.",
         "",
     ]
     return out

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from gradcheck import ops
+from gradcheck import cost, ops
 from gradcheck import referee as ref
 from gradcheck.backends import get_backend
 from gradcheck.backends.base import all_leaves
@@ -41,7 +41,8 @@ class RunOptions:
     backends: tuple[str, ...] = DEFAULT_BACKENDS
     rules: ToleranceRules = field(default_factory=ToleranceRules)
     referee: str = "auto"  # "leaves" (every leaf), "auto", "joint", "off"
-    referee_budget_s: float = 20.0  # auto: check every leaf when that costs less than this
+    # auto: check every leaf when that is estimated to cost less than this (gradcheck.cost: counted, not timed)
+    referee_budget_s: float = 20.0
     repeat: bool = True  # time a second call of each backend that compiles (its first call includes compiling)
     replay: Callable[[Case], str] | None = None  # command line that re-runs one case
 
@@ -72,7 +73,8 @@ class CaseRun:
         self.args64 = cast_floats(self.args, np.float64)
         self.leaves64 = {leaf.path: leaf.value for leaf in all_leaves(self.args64, self.prefixes)}
         t0 = time.perf_counter()
-        outs = _as_list(self.forward(*self.args64))
+        with cost.counting() as self.forward64_work:
+            outs = _as_list(self.forward(*self.args64))
         self.forward64_s = time.perf_counter() - t0
         rng = np.random.default_rng(np.random.SeedSequence(case.seed).spawn(3)[2])
         # The cross-check loss is <r, output> with r random: sum/mean would make
@@ -299,11 +301,19 @@ def _referee(cr: CaseRun, evaluations, judged, options: RunOptions, res: CaseRes
 
     leaf_noise = {p: noise["grad:" + p] for p in point if "grad:" + p in noise}
 
-    per_leaf_cost = 2 * cr.forward64_s
-    if mode == "leaves" or (mode == "auto" and per_leaf_cost * len(judged) <= options.referee_budget_s):
+    # The estimate comes from the float64 forward's counted work, not its time: the mode must not
+    # change with the machine's load (see gradcheck.cost).
+    every_leaf_s = 2 * cr.forward64_work.seconds() * len(judged)
+    if mode == "leaves" or (mode == "auto" and every_leaf_s <= options.referee_budget_s):
         chosen = [leaf.path for leaf, _, _, _ in judged]
     else:
         chosen = [leaf.path for leaf, _, _, v in judged if v.verdict != "agree"]
+        if mode == "auto":
+            res.notes.append(
+                f"referee: checking each of {len(judged)} leaves was estimated at {every_leaf_s:.0f} s "
+                f"({2 * len(judged)} float64 passes; one pass: {cr.forward64_work}), over the budget of "
+                f"{options.referee_budget_s:g} s (referee_budget_s), so all leaves were checked along one joint "
+                f"direction and each leaf the backends disagree on apart; --referee leaves checks every leaf")
         _joint_referee(cr, point, dirs, grads, max(rtol(p) for p in point), res, leaf_noise)
     out = {}
     for path in chosen:
