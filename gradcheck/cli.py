@@ -50,6 +50,10 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--atol", type=float, help="absolute tolerance for every leaf (added to the scaled one)")
     run.add_argument("--referee", choices=["auto", "leaves", "joint", "off"],
                      help="float64 finite differences: per leaf, joint, auto (per leaf when cheap), off")
+    run.add_argument("--noise-probe", metavar="LIST",
+                     help="backends whose float32 rounding noise is measured (each again in float64) to set "
+                          "float32 tolerances: auto (default: tape, and torch if it runs, else jax) or a "
+                          "comma-separated list, e.g. tape,torch,jax")
     run.add_argument("--config", help="TOML file with [tool.gradcheck] settings (default: ./pyproject.toml)")
     run.add_argument("--output", help=f"folder for reports (default ./{DEFAULT_OUTPUT})")
     for fmt in ("html", "json", "junit", "markdown"):
@@ -120,6 +124,19 @@ def _backends(value) -> tuple[str, ...]:
     return tuple(dict.fromkeys(names))
 
 
+def _noise_probe(value, source: str) -> tuple[str, ...] | None:
+    from gradcheck.backends import BACKENDS
+
+    if value is None or value == "auto":
+        return None
+    names = [b.strip() for b in (value.split(",") if isinstance(value, str) else value) if b.strip()]
+    unknown = [b for b in names if b not in BACKENDS]
+    if unknown or not names:
+        raise UsageError(f"{source}: noise probe {value!r}; expected auto or a comma-separated list of "
+                         f"{', '.join(BACKENDS)}")
+    return tuple(dict.fromkeys(names))
+
+
 def _shard(value):
     if value is None:
         return None
@@ -159,6 +176,8 @@ def cmd_run(args) -> int:
     referee = pick(args.referee, "referee", "auto")
     if referee not in ("auto", "leaves", "joint", "off"):
         raise UsageError(f"{source or 'config'}: referee = {referee!r}; expected auto, leaves, joint or off")
+    noise_probe = _noise_probe(args.noise_probe, "--noise-probe") if args.noise_probe is not None else \
+        _noise_probe(table.get("noise_probe"), f"{source or 'config'}: noise_probe")
     try:
         rules = ToleranceRules.from_config(table.get("tolerance", {}), source or "config")
     except ValueError as exc:
@@ -182,12 +201,13 @@ def cmd_run(args) -> int:
     command = "gradcheck " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:] else "gradcheck run"
     base_cmd = "gradcheck run " + " ".join(shlex.quote(t) for t in args.targets)
     flags = f" --seed {seed}" + (f" --backends {','.join(backends)}" if args.backends else "")
+    flags += f" --noise-probe {','.join(noise_probe)}" if noise_probe else ""
 
     def replay(case):
         return f"{base_cmd}{flags} --dtype {case.dtype} -k {shlex.quote(case.name)}"
 
 
-    options = runner.RunOptions(backends=backends, rules=rules, referee=referee,
+    options = runner.RunOptions(backends=backends, rules=rules, referee=referee, noise_probe=noise_probe,
                                 referee_budget_s=float(table.get("referee_budget_s", 20.0)), replay=replay)
     env = runner.environment(seed=seed, command=command)
     progress = Progress(len(cases), quiet=args.quiet)

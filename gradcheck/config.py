@@ -8,6 +8,8 @@ Recognised keys (command-line flags override them)::
     seed = 0
     mode = "train"             # or "eval"
     referee = "auto"           # "leaves", "joint", "off"
+    referee_budget_s = 20      # auto: every leaf when estimated to fit (counted work, gradcheck/cost.py)
+    noise_probe = "auto"       # or a list: backends whose float32 noise sets float32 tolerances
     output = "gradcheck-report"
     rtol = 1e-3                # applies to every leaf (a rule appended last)
     atol = 1e-6
@@ -21,7 +23,8 @@ import os
 import tomllib
 from pathlib import Path
 
-KEYS = {"backends", "dtype", "seed", "mode", "referee", "output", "rtol", "atol", "tolerance", "referee_budget_s"}
+KEYS = {"backends", "dtype", "seed", "mode", "referee", "output", "rtol", "atol", "tolerance", "referee_budget_s",
+        "noise_probe"}
 
 
 class ConfigError(ValueError):

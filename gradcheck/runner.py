@@ -44,6 +44,7 @@ class RunOptions:
     # auto: check every leaf when that is estimated to cost less than this (gradcheck.cost: counted, not timed)
     referee_budget_s: float = 20.0
     repeat: bool = True  # time a second call of each backend that compiles (its first call includes compiling)
+    noise_probe: tuple[str, ...] | None = None  # backends whose float32 noise is measured; None: see probed()
     replay: Callable[[Case], str] | None = None  # command line that re-runs one case
 
 
@@ -162,7 +163,7 @@ def _compare(cr: CaseRun, evaluations: dict, options: RunOptions, res: CaseResul
         owners.update(leaf_owner_types(a, p))
     names = list(evaluations)
 
-    noise = _noise_probe(cr, evaluations, res)
+    noise = _noise_probe(cr, evaluations, res, options.noise_probe)
 
     # Forward outputs first: a forward disagreement explains any gradient one.
     n_out = len(cr.cotangents)
@@ -219,28 +220,39 @@ def _rel(a, b) -> float | None:
     return float(np.linalg.norm(np.subtract(a, b, dtype=np.float64).ravel())) / nb if nb > 0 else None
 
 
-PROBED = ("tape", "torch")  # backends whose float64 run is cheap (jax would compile again)
+def probed(evaluations, requested: tuple[str, ...] | None) -> list[str]:
+    """The backends whose float32 noise the probe measures.
+
+    ``requested`` (``--noise-probe``) names them; the tape, cheap to run, is
+    probed even when it is not compared, the others only when they ran.  By
+    default: the tape, and torch when it ran, whose noise stands for jax's
+    too (both compose BatchNorm from ops; a float64 jax run would compile the
+    model a second time); jax itself when torch did not run, because on
+    ResNet-18 jax's float32 gradients sit up to 1e-2 from float64 while the
+    tape's sit 1e-5, and the tape's noise alone flagged 21 correct jax leaves.
+    """
+    if requested is None:
+        requested = ("tape", "torch") if "torch" in evaluations else ("tape", "jax")
+    return [name for name in dict.fromkeys(requested) if name in evaluations or name == "tape"]
 
 
-def _noise_probe(cr: CaseRun, evaluations: dict, res: CaseResult) -> dict:
+def _noise_probe(cr: CaseRun, evaluations: dict, res: CaseResult, requested: tuple[str, ...] | None = None) -> dict:
     """Float32 rounding noise per leaf: each probed backend in float32 against itself in float64.
 
     A wrong VJP is wrong in both precisions and cancels here, so this measures
     what float32 costs this leaf in this model, not bugs.  The noise of a leaf
-    is the largest over the probed backends (the tape always; torch when it
-    ran): on ResNet-18 at 224x224 torch's and jax's float32 input gradients
-    sit 1e-2 from float64 while the tape's sit 1e-6, so probing the tape alone
-    would understate what a correct framework does.  Keys are ``grad:<path>``
-    for gradients and the leaf path for outputs and buffers.  Only float32
-    cases are probed.
+    is the largest over the probed backends (see ``probed``): on ResNet-18 at
+    224x224 torch's and jax's float32 input gradients sit up to 1e-2 from
+    float64 while the tape's sit 1e-5, so probing the tape alone would
+    understate what a correct framework does.  Keys are ``grad:<path>`` for
+    gradients and the leaf path for outputs and buffers.  Only float32 cases
+    are probed.
     """
     if cr.case.dtype != "float32":
         return {}
     noise: dict[str, float] = {}
     per_backend = {}
-    for name in PROBED:
-        if name not in evaluations and name != "tape":
-            continue
+    for name in probed(evaluations, requested):
         driver = get_backend(name)
         try:
             t0 = time.perf_counter()

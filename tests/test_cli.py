@@ -92,6 +92,7 @@ def test_keyword_and_shard_select_cases(capsys):
     (["run", "no_such_pkg.mod:fn"], "no_such_pkg"),
     (["run", TARGET, "-k", "zzz"], "zzz"),
     (["run", TARGET, "--config", "nope.toml"], "nope.toml"),
+    (["run", TARGET, "--noise-probe", "tape,theano"], "theano"),
     (["report", "missing.jsonl"], "missing.jsonl"),
 ])
 def test_usage_errors_exit_two_and_name_the_problem(argv, needle, capsys):
@@ -119,6 +120,25 @@ def test_config_supplies_defaults_and_flags_override(tmp_path, capsys):
     assert set(data["cases"][0]["backends"]) == {"tape"}
     assert run_cli("run", TARGET, "--no-html", "--json", "b.json", "--seed", "3") == 0
     assert json.loads((tmp_path / "b.json").read_text())["env"]["seed"] == 3
+
+
+def test_noise_probe_flag_and_config_choose_the_probed_backends(tmp_path, capsys):
+    def probe_note(path):
+        notes = json.loads((tmp_path / path).read_text())["cases"][0]["notes"]
+        return next(n for n in notes if n.startswith("float32 noise probe"))
+
+    assert run_cli("run", TARGET, "--backends", "tape,torch", "--no-html", "--json", "a.json", "-q") == 0
+    assert "tape median" in probe_note("a.json") and "torch median" in probe_note("a.json")
+    (tmp_path / "pyproject.toml").write_text('[tool.gradcheck]\nnoise_probe = ["tape"]\n')
+    assert run_cli("run", TARGET, "--backends", "tape,torch", "--no-html", "--json", "b.json", "-q") == 0
+    assert "torch median" not in probe_note("b.json")
+    assert run_cli("run", TARGET, "--backends", "tape,torch", "--noise-probe", "auto", "--no-html",
+                   "--json", "c.json", "-q") == 0
+    assert "torch median" in probe_note("c.json")
+    (tmp_path / "pyproject.toml").write_text('[tool.gradcheck]\nnoise_probe = "tape,mxnet"\n')
+    assert run_cli("run", TARGET) == 2
+    err = capsys.readouterr().err
+    assert "noise_probe" in err and "mxnet" in err and "pyproject.toml" in err
 
 
 def test_dtype_both_runs_each_case_twice(tmp_path):

@@ -307,6 +307,42 @@ def test_bad_tolerance_config_names_the_key():
         ToleranceRules.from_config({"float32": {"rtol": -1}})
 
 
+@pytest.mark.parametrize("backends, expected", [
+    (("tape", "torch", "jax"), ["tape", "torch"]),  # torch's noise stands for jax's (both compose BatchNorm)
+    (("tape", "jax"), ["tape", "jax"]),  # without torch, jax measures its own
+    (("torch",), ["tape", "torch"]),  # the tape is cheap: probed even when not compared
+])
+def test_the_noise_probe_measures_a_framework_by_default(backends, expected):
+    from gradcheck.runner import probed
+
+    assert probed({b: None for b in backends}, None) == expected
+    assert probed({b: None for b in backends}, ("jax", "tape")) == [b for b in ("jax", "tape") if b in backends
+                                                                       or b == "tape"]
+
+
+def test_without_torch_jax_noise_is_measured_and_widens_the_tolerance(monkeypatch):
+    # Negative control for the default: a jax whose float32 gradient is off by 3e-3 (about what its float32
+    # rounding does on ResNet-18) against a tape with ~1e-7 noise is flagged when only the tape is probed,
+    # and accepted once jax's own float32-vs-float64 difference is measured -- the offset here is made to
+    # appear in float32 only, as rounding does.
+    driver = get_backend("jax")
+    original = driver.evaluate
+
+    def rounding_like(f, args, prefixes=None, **kw):
+        ev = original(f, args, prefixes, **kw)
+        for path, g in ev.grads.items():
+            if g.dtype == np.float32:
+                ev.grads[path] = (g * np.float32(1 + 3e-3)).astype(np.float32)
+        return ev
+
+    monkeypatch.setattr(driver, "evaluate", rounding_like)
+    tape_only = check("conv_bn_dense", backends=("tape", "jax"), noise_probe=("tape",), referee="off")
+    assert set(failing(tape_only)) and all(x.blame == [] or x.blame == ["jax"] for x in failing(tape_only).values())
+    measured = check("conv_bn_dense", backends=("tape", "jax"), referee="off")
+    assert not failing(measured), sorted(failing(measured))
+    assert any("jax median" in n for n in measured.notes)
+
+
 def test_float64_is_elementwise_and_float32_normwise_with_measured_noise():
     r64, r32 = check("conv_bn_dense", "float64"), check("conv_bn_dense", "float32")
     assert leaf(r64, "0.weight").tolerance.criterion == "elementwise"
