@@ -170,19 +170,18 @@ def judge_leaf(path: str, role: str, arrays: dict, *, dtype: str, rules: Toleran
     scale = maxes[len(maxes) // 2] if len(maxes) % 2 else 0.5 * (maxes[len(maxes) // 2 - 1] + maxes[len(maxes) // 2])
     base_tol = rules.resolve(path, dtype, layer)
     leaf.tolerance = base_tol.record(scale, noise)
-    ratios = []
+    ratios_of = []  # per pair: a function computing its elementwise error ratios
     for x, y in itertools.combinations(names, 2):
         backend, reference = (y, x) if _order(x) <= _order(y) else (x, y)
         tol = rules.resolve(path, dtype, layer, (backend, reference))
-        pair, ratio = _pair(wide[backend], wide[reference], tol, scale, backend, reference, noise)
+        pair, ratios = _pair(wide[backend], wide[reference], tol, scale, backend, reference, noise)
         leaf.pairs.append(pair)
-        ratios.append(ratio)
+        ratios_of.append(ratios)
         if tol.rules != base_tol.rules:
             leaf.tolerance = tol.record(scale, noise)
     if leaf.pairs:
         worst = max(range(len(leaf.pairs)), key=lambda k: leaf.pairs[k].headroom)
-        _attach_worst(leaf, given, leaf.pairs[worst], ratios[worst]())
-    del ratios, wide
+        _attach_worst(leaf, given, leaf.pairs[worst], ratios_of[worst]())
 
     if role in ("param", "input") and maxes[-1] <= VACUOUS_REL.get(dtype, 0.0) * case_scale:
         leaf.verdict = "vacuous"

@@ -119,8 +119,8 @@ def run_case(case: Case, options: RunOptions | None = None) -> CaseResult:
         if evaluations:
             _compare(cr, evaluations, options, res)
     except Exception as exc:  # gradcheck's own bug: this case's error, and the run goes on
-        res.errors["case"] = f"internal error while comparing (a bug in gradcheck; please report it): " \
-                             f"{_short_error(exc)}"
+        res.errors["case"] = ("internal error while comparing (a bug in gradcheck; please report it): "
+                              + _short_error(exc))
         res.verdict = "error"
         return res
     res.verdict = case_verdict(res.leaves, res.errors)
