@@ -50,6 +50,7 @@ class CheckSettings:
     atol: float | None = None
     referee: str | None = None
     mode: str | None = None
+    noise_probe: tuple[str, ...] | None = None  # () is "auto" (see gradcheck.runner.probed)
 
     def over(self, base: CheckSettings) -> CheckSettings:
         """These settings where set, ``base`` elsewhere."""
@@ -71,6 +72,8 @@ class CheckSettings:
                 continue
             if key == "backends":
                 out[key] = parse_backends(value, where)
+            elif key == "noise_probe":
+                out[key] = () if value == "auto" else parse_backends(value, f"{where}: noise_probe")
             elif key in ("rtol", "atol"):
                 try:
                     number = float(value)
@@ -153,7 +156,7 @@ def reset_context(token) -> None:
 
 # ---------------------------------------------------------------- the check
 def check_gradients(model, *inputs, forward=None, loss=None, backends=None, rtol=None, atol=None, dtype=None,
-                    seed=None, mode=None, referee=None, name=None):
+                    seed=None, mode=None, referee=None, noise_probe=None, name=None):
     """Cross-check the gradients of ``model`` at ``inputs``; returns the CaseResult without raising.
 
     See :func:`assert_gradients_agree` for the arguments.  Raises
@@ -177,7 +180,7 @@ def check_gradients(model, *inputs, forward=None, loss=None, backends=None, rtol
         raise TypeError("assert_gradients_agree: no inputs; call it as assert_gradients_agree(model, x, ...)")
     ctx = current_context()
     call = CheckSettings.parse("assert_gradients_agree", backends=backends, rtol=rtol, atol=atol, dtype=dtype,
-                               seed=seed, mode=mode, referee=referee)
+                               seed=seed, mode=mode, referee=referee, noise_probe=noise_probe)
     settings = call.over(ctx.settings) if ctx else call
     requested = _require_backends(settings.backends)
 
@@ -253,11 +256,11 @@ def _options(requested, settings: CheckSettings, ctx: CheckContext | None, call:
     rules = rules.with_overrides(call.rtol, call.atol, name="assert_gradients_agree arguments")
     replay = (lambda c: ctx.replay(c.name)) if ctx and ctx.replay else None
     return RunOptions(backends=requested, rules=rules, referee=settings.referee or "auto", repeat=False,
-                      replay=replay)
+                      noise_probe=settings.noise_probe or None, replay=replay)
 
 
 def assert_gradients_agree(model, *inputs, forward=None, loss=None, backends=None, rtol=None, atol=None,
-                           dtype=None, seed=None, mode=None, referee=None, name=None):
+                           dtype=None, seed=None, mode=None, referee=None, noise_probe=None, name=None):
     """Assert that every backend computes the same gradients of ``model`` at ``inputs``.
 
     * ``model``: a built gradcheck ``Module``; ``inputs``: numpy arrays (or
@@ -277,6 +280,9 @@ def assert_gradients_agree(model, *inputs, forward=None, loss=None, backends=Non
     * ``mode``: ``train``/``eval``; default the model's own mode.  The
       model's mode is restored afterwards.
     * ``referee``: ``auto`` (default), ``leaves``, ``joint``, ``off``.
+    * ``noise_probe``: the backends whose float32 rounding noise (each
+      against itself in float64) sets float32 tolerances: ``auto`` (default:
+      the tape, and torch if it runs, else jax) or a list.
     * ``name``: the case name in reports (default: the test id in pytest).
 
     Returns the :class:`gradcheck.results.CaseResult` when the gradients
@@ -286,7 +292,8 @@ def assert_gradients_agree(model, *inputs, forward=None, loss=None, backends=Non
     """
     __tracebackhide__ = True
     result = check_gradients(model, *inputs, forward=forward, loss=loss, backends=backends, rtol=rtol, atol=atol,
-                             dtype=dtype, seed=seed, mode=mode, referee=referee, name=name)
+                             dtype=dtype, seed=seed, mode=mode, referee=referee, noise_probe=noise_probe,
+                             name=name)
     if result.failed:
         raise GradientsDisagree(format_failure(result), result)
     return result

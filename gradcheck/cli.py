@@ -124,17 +124,14 @@ def _backends(value) -> tuple[str, ...]:
     return tuple(dict.fromkeys(names))
 
 
-def _noise_probe(value, source: str) -> tuple[str, ...] | None:
-    from gradcheck.backends import BACKENDS
+def _noise_probe(value, where: str) -> tuple[str, ...] | None:
+    """``auto`` (None: the runner's default) or the named backends, checked as the pytest plugin checks them."""
+    from gradcheck.assertions import CheckSettings
 
-    if value is None or value == "auto":
-        return None
-    names = [b.strip() for b in (value.split(",") if isinstance(value, str) else value) if b.strip()]
-    unknown = [b for b in names if b not in BACKENDS]
-    if unknown or not names:
-        raise UsageError(f"{source}: noise probe {value!r}; expected auto or a comma-separated list of "
-                         f"{', '.join(BACKENDS)}")
-    return tuple(dict.fromkeys(names))
+    try:
+        return CheckSettings.parse(where, noise_probe=value).noise_probe or None
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
 
 
 def _shard(value):
@@ -176,8 +173,8 @@ def cmd_run(args) -> int:
     referee = pick(args.referee, "referee", "auto")
     if referee not in ("auto", "leaves", "joint", "off"):
         raise UsageError(f"{source or 'config'}: referee = {referee!r}; expected auto, leaves, joint or off")
-    noise_probe = _noise_probe(args.noise_probe, "--noise-probe") if args.noise_probe is not None else \
-        _noise_probe(table.get("noise_probe"), f"{source or 'config'}: noise_probe")
+    noise_probe = (_noise_probe(args.noise_probe, "gradcheck run") if args.noise_probe is not None
+                   else _noise_probe(table.get("noise_probe"), source or "config"))
     try:
         rules = ToleranceRules.from_config(table.get("tolerance", {}), source or "config")
     except ValueError as exc:

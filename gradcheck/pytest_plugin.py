@@ -39,8 +39,11 @@ SETTINGS = (
     ("atol", "X", "absolute tolerance for every leaf (added to the scaled one)"),
     ("referee", "MODE", "float64 finite differences: auto (default), leaves, joint, off"),
     ("mode", "MODE", "train or eval (default: the model's own mode)"),
+    ("noise_probe", "LIST", "backends whose float32 noise sets float32 tolerances: auto (default: tape, and "
+     "torch if it runs, else jax) or a list"),
 )
-MARKER = ("gradcheck(backends=None, dtype=None, seed=None, rtol=None, atol=None, referee=None, mode=None): "
+MARKER = ("gradcheck(backends=None, dtype=None, seed=None, rtol=None, atol=None, referee=None, mode=None, "
+          "noise_probe=None): "
           "gradient cross-check settings for this test, overriding the --gradcheck-* options")
 
 _STATE = pytest.StashKey["_State"]()
@@ -52,7 +55,7 @@ _EXAMPLES = pytest.StashKey[dict]()
 def pytest_addoption(parser):
     group = parser.getgroup("gradcheck", "gradient cross-checks (gradcheck)")
     for name, metavar, text in SETTINGS:
-        group.addoption(f"--gradcheck-{name}", dest=f"gradcheck_{name}", metavar=metavar, default=None, help=text)
+        group.addoption(_flag(name), dest=f"gradcheck_{name}", metavar=metavar, default=None, help=text)
         parser.addini(f"gradcheck_{name}", f"gradcheck: {text}", type="string", default="")
     for fmt in REPORT_FORMATS:
         group.addoption(f"--gradcheck-{fmt}", dest=f"gradcheck_{fmt}", metavar="PATH", default=None,
@@ -82,7 +85,7 @@ class _State:
         except ValueError as exc:
             raise pytest.UsageError(f"gradcheck: {exc}") from None
         self.settings = cli.over(ini.over(base))
-        self.cli_flags = " ".join(f"--gradcheck-{k} {shlex.quote(_flag_value(getattr(cli, k)))}"
+        self.cli_flags = " ".join(f"{_flag(k)} {shlex.quote(_flag_value(getattr(cli, k)))}"
                                   for k, _, _ in SETTINGS if getattr(cli, k) is not None)
         from gradcheck.tolerance import ToleranceRules
 
@@ -162,7 +165,13 @@ class _State:
             tr.write_line(line, red=True)
 
 
+def _flag(setting: str) -> str:
+    return "--gradcheck-" + setting.replace("_", "-")
+
+
 def _flag_value(value) -> str:
+    if value == ():  # noise_probe's "auto"
+        return "auto"
     return ",".join(value) if isinstance(value, tuple) else str(value)
 
 

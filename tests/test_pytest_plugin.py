@@ -144,6 +144,30 @@ def test_bad_arguments_name_the_value_and_the_choices():
         gradcheck.assert_gradients_agree(lambda x: x, X)
 
 
+def test_noise_probe_chooses_the_backends_measured_in_float32_against_float64(torch):
+    def probe_note(result):
+        return next(n for n in result.notes if n.startswith("float32 noise probe"))
+
+    m = small_model()
+    assert "torch median" in probe_note(gradcheck.assert_gradients_agree(m, X, backends=("tape", "torch")))
+    only_tape = gradcheck.assert_gradients_agree(m, X, backends=("tape", "torch"), noise_probe="tape")
+    assert "torch median" not in probe_note(only_tape)
+    with pytest.raises(ValueError, match="noise_probe: unknown backend 'mxnet'"):
+        gradcheck.assert_gradients_agree(m, X, noise_probe=["tape", "mxnet"])
+
+
+def test_noise_probe_option_and_marker(pytester):
+    make_tests(pytester, '''
+        def test_option(gradcheck):
+            assert gradcheck.settings.noise_probe == ("tape",)
+
+        @pytest.mark.gradcheck(noise_probe="auto")
+        def test_marker(gradcheck):
+            assert gradcheck.settings.noise_probe == ()
+    ''')
+    pytester.runpytest("-p", "no:cacheprovider", "--gradcheck-noise-probe", "tape").assert_outcomes(passed=2)
+
+
 def test_forward_and_loss_are_the_same_argument():
     m = small_model()
     r = gradcheck.assert_gradients_agree(m, X, backends=("tape",), loss=lambda m, x: ops.sum(m(x) * m(x)))
@@ -230,7 +254,7 @@ def test_marker_overrides_the_command_line(pytester):
     result = pytester.runpytest("-p", "no:cacheprovider", "--strict-markers", "--gradcheck-backends", "jax")
     result.assert_outcomes(passed=3, errors=1)
     result.stdout.re_match_lines([r".*test_typo: @pytest.mark.gradcheck: unknown setting\(s\) \['rtl'\]; "
-                                  r"allowed: backends, dtype, seed, rtol, atol, referee, mode$"])
+                                  r"allowed: backends, dtype, seed, rtol, atol, referee, mode, noise_probe$"])
     assert "pytest_plugin.py" not in result.stdout.str()
 
 
