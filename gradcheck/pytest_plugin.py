@@ -235,10 +235,10 @@ def pytest_runtest_protocol(item, nextitem):
     seq = [0]
 
     def record(result):
-        from gradcheck.results import to_dict
+        from gradcheck.results import json_default, to_dict
 
         seq[0] += 1
-        text = json.dumps({"nodeid": item.nodeid, "seq": seq[0], "case": to_dict(result)}, default=_json_default)
+        text = json.dumps({"nodeid": item.nodeid, "seq": seq[0], "case": to_dict(result)}, default=json_default)
         if A.in_property_test():
             # A property test contributes one case, not one per example: its last
             # failing example (hypothesis re-runs the shrunk one last) or its last passing one.
@@ -287,16 +287,6 @@ def pytest_runtest_makereport(item, call):
         report.gradcheck_cases = list(pending)
         pending.clear()
     return report
-
-
-def _json_default(o):
-    import numpy as np
-
-    if isinstance(o, np.generic):
-        return o.item()
-    if isinstance(o, np.ndarray):
-        return o.tolist()
-    raise TypeError(f"cannot serialise {type(o).__name__}")
 
 
 # ---------------------------------------------------------------- the session report

@@ -192,10 +192,11 @@ def run_from_dict(data: dict) -> RunResult:
 
 
 def dumps(run: RunResult) -> str:
-    return json.dumps(to_dict(run), indent=1, default=_json_default, allow_nan=True)
+    return json.dumps(to_dict(run), indent=1, default=json_default, allow_nan=True)
 
 
-def _json_default(o):
+def json_default(o):
+    """``json.dumps``'s fallback for what results may hold besides plain Python: numpy scalars and arrays."""
     import numpy as np
 
     if isinstance(o, np.generic):

@@ -29,7 +29,15 @@ from gradcheck.backends import get_backend
 from gradcheck.backends.base import all_leaves
 from gradcheck.case import Case, cast_floats, materialise
 from gradcheck.compare import MISSING, case_verdict, first_in_backward_order, judge_leaf
-from gradcheck.results import SCHEMA, CaseResult, LeafResult, RunResult, Timing, to_dict
+from gradcheck.results import (
+    SCHEMA,
+    CaseResult,
+    LeafResult,
+    RunResult,
+    Timing,
+    json_default,
+    to_dict,
+)
 from gradcheck.tolerance import ToleranceRules
 from gradcheck.tree import leaf_owner_types, replace_leaves
 
@@ -391,7 +399,7 @@ class ResultsWriter:
         self._write({"type": "run", "schema": SCHEMA, "env": env})
 
     def _write(self, record):
-        self._fh.write(json.dumps(record, default=_json_default) + "\n")
+        self._fh.write(json.dumps(record, default=json_default) + "\n")
         self._fh.flush()
         os.fsync(self._fh.fileno())
 
@@ -400,12 +408,6 @@ class ResultsWriter:
 
     def close(self):
         self._fh.close()
-
-
-def _json_default(o):
-    if isinstance(o, np.generic):
-        return o.item()
-    raise TypeError(f"cannot serialise {type(o).__name__}")
 
 
 def run(cases: list[Case], options: RunOptions | None = None, results_path=None, env: dict | None = None,
