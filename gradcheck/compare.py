@@ -50,7 +50,7 @@ def pair_stats(a: np.ndarray, b: np.ndarray, tol: ResolvedTolerance, scale: floa
     always computed; the verdict and the headroom follow the tolerance's
     criterion (see ``gradcheck.tolerance``).
     """
-    return _pair(_Wide(a), _Wide(b), tol, scale, backend, reference, noise)[0]
+    return _pair(_Operand(a), _Operand(b), tol, scale, backend, reference, noise)[0]
 
 
 def _dot(a: np.ndarray, b: np.ndarray) -> float:
@@ -60,7 +60,7 @@ def _dot(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.einsum("i,i->", a, b, dtype=np.float64))
 
 
-class _Wide:
+class _Operand:
     """One backend's array, with the derived arrays the pairs share, each computed once.
 
     float32 and float64 arrays are compared in their own precision (anything
@@ -90,13 +90,13 @@ class _Wide:
         return self._norm
 
 
-def _ratio(diff: np.ndarray, allowed: np.ndarray, nonzero: np.ndarray | None = None) -> np.ndarray:
+def _ratio(diff: np.ndarray, allowed: np.ndarray, nonzero: np.ndarray) -> np.ndarray:
     """|a-b| / allowed elementwise, 0 where a == b (inf where nothing is allowed and they differ)."""
     with np.errstate(divide="ignore", invalid="ignore"):
-        return np.divide(diff, allowed, out=np.zeros_like(diff), where=diff != 0 if nonzero is None else nonzero)
+        return np.divide(diff, allowed, out=np.zeros_like(diff), where=nonzero)
 
 
-def _pair(a: _Wide, b: _Wide, tol: ResolvedTolerance, scale: float, backend: str, reference: str,
+def _pair(a: _Operand, b: _Operand, tol: ResolvedTolerance, scale: float, backend: str, reference: str,
           noise: float | None) -> tuple[PairResult, Callable[[], np.ndarray]]:
     """The pair's result, and a function giving its elementwise error ratios (for the worst-element table).
 
@@ -164,9 +164,9 @@ def judge_leaf(path: str, role: str, arrays: dict, *, dtype: str, rules: Toleran
     if not all(f.all() for f in finite.values()):
         return _nonfinite(leaf, given, finite)
 
-    wide = {n: _Wide(v) for n, v in given.items()}
-    leaf.norms = {n: w.norm for n, w in wide.items()}
-    maxes = sorted(float(np.max(w.abs)) if w.v.size else 0.0 for w in wide.values())
+    operands = {n: _Operand(v) for n, v in given.items()}
+    leaf.norms = {n: w.norm for n, w in operands.items()}
+    maxes = sorted(float(np.max(w.abs)) if w.v.size else 0.0 for w in operands.values())
     scale = maxes[len(maxes) // 2] if len(maxes) % 2 else 0.5 * (maxes[len(maxes) // 2 - 1] + maxes[len(maxes) // 2])
     base_tol = rules.resolve(path, dtype, layer)
     leaf.tolerance = base_tol.record(scale, noise)
@@ -174,7 +174,7 @@ def judge_leaf(path: str, role: str, arrays: dict, *, dtype: str, rules: Toleran
     for x, y in itertools.combinations(names, 2):
         backend, reference = (y, x) if _order(x) <= _order(y) else (x, y)
         tol = rules.resolve(path, dtype, layer, (backend, reference))
-        pair, ratios = _pair(wide[backend], wide[reference], tol, scale, backend, reference, noise)
+        pair, ratios = _pair(operands[backend], operands[reference], tol, scale, backend, reference, noise)
         leaf.pairs.append(pair)
         ratios_of.append(ratios)
         if tol.rules != base_tol.rules:

@@ -256,8 +256,8 @@ def normalize(x, axes, eps, weight=None, bias=None):
     """``(y, mean, var)``: ``y = (x - mean) / sqrt(var + eps) * weight + bias``, statistics over ``axes``.
 
     BatchNorm's, LayerNorm's and GroupNorm's normalisation as one op, so that
-    a backend can run its fused kernel (one tape node; torch's ``batch_norm``
-    and ``layer_norm``); this body, the composition, is what the others run.
+    a backend can run a fused version (the tape: one node; numpy: one
+    forward); this body, the composition, is what torch and jax run.
     ``mean`` and ``var`` (biased, reduced axes kept) carry no gradient: they
     are for running statistics.  ``weight`` and ``bias`` (None leaves them
     out) broadcast into ``x``: BatchNorm's shaped ``(1, C, 1, ...)``,

@@ -1,8 +1,8 @@
 """Normalisation layers; running statistics are buffers, updated in training mode.
 
-Batch statistics go through ``ops.normalize``: one node on the tape, torch's
-own ``batch_norm``/``layer_norm`` kernels on torch, the composition
-elsewhere.  In eval mode BatchNorm applies its running statistics, with the
+Batch statistics go through ``ops.normalize``: one node on the tape, a fused
+forward on numpy, the composition on torch and jax (see
+``torch_ops.normalize`` for why not torch's own kernels).  In eval mode BatchNorm applies its running statistics, with the
 affine weight folded into the per-channel scale before it touches the
 full-size activation.
 """
