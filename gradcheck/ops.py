@@ -25,7 +25,7 @@ import math
 
 import numpy as np
 
-from gradcheck import cost, kernels
+from gradcheck import cost, kernels, kinks
 from gradcheck.backends import backend_of_args, ops_module
 
 __all__: list[str] = []
@@ -40,8 +40,7 @@ def op(fn):
     name = fn.__name__
     derived = not _is_stub(fn)
 
-    @functools.wraps(fn)
-    def dispatch(*args, **kwargs):
+    def run(*args, **kwargs):
         backend = backend_of_args(args + tuple(kwargs.values()) if kwargs else args)
         impl = getattr(ops_module(backend), name, None)
         if impl is not None:
@@ -56,6 +55,22 @@ def op(fn):
             f"add `def {name}(...)` to gradcheck/backends/{backend}_ops.py "
             f"or run this case without the {backend} backend"
         )
+
+    kink = name in kinks.OPS
+
+    @functools.wraps(fn)
+    def dispatch(*args, **kwargs):
+        state = kinks._active
+        if state is None:
+            return run(*args, **kwargs)
+        # Recording or pinning kinks (gradcheck.kinks): only calls from layer code, not from inside an op.
+        if kink and state.depth == 0:
+            return kinks.call(state, name, run, args, kwargs)
+        state.depth += 1
+        try:
+            return run(*args, **kwargs)
+        finally:
+            state.depth -= 1
 
     dispatch.derived = derived
     __all__.append(name)
@@ -278,6 +293,245 @@ def normalize(x, axes, eps, weight=None, bias=None):
     if bias is not None:
         y = add(y, bias)
     return y, stop_gradient(mu), stop_gradient(v)
+
+
+# ---------------------------------------------------------------- framework kernels
+# The functions a model library calls.  Each has a derived body (the
+# composition the tape and the numpy referee run); torch and jax implement
+# them with their own kernels (F.batch_norm, F.linear, jax.nn.*), so a wrong
+# backward in those kernels is what gets caught.  docs/ops.md has the table.
+@op
+def linear(x, weight, bias=None):
+    """``x @ weight.T + bias``, as ``torch.nn.functional.linear`` (``weight`` is (out, in))."""
+    y = matmul(x, transpose(weight))
+    return y if bias is None else add(y, bias)
+
+
+@op
+def batch_norm(x, running_mean=None, running_var=None, weight=None, bias=None, training=True, momentum=0.1,
+               eps=1e-5):
+    """``torch.nn.functional.batch_norm`` on (N, C, ...), returning ``(y, running_mean, running_var)``.
+
+    ``training``: normalise with the batch statistics and, when running
+    statistics are given, return them updated as torch does
+    (``r = (1 - momentum) r + momentum * stat``, the variance unbiased);
+    otherwise normalise with the running statistics (returned unchanged).
+    ``momentum`` is a float or a 0-d array (the cumulative factor
+    ``1 / num_batches_tracked`` when the layer's momentum is None).
+    ``weight`` and ``bias`` are per channel, shape (C,).
+    """
+    shape = shape_of(x)
+    axes = (0,) + tuple(range(2, len(shape)))
+    bshape = (1, shape[1]) + (1,) * (len(shape) - 2)
+    w = None if weight is None else reshape(weight, bshape)
+    b = None if bias is None else reshape(bias, bshape)
+    if not training:
+        if running_mean is None or running_var is None:
+            raise ValueError("batch_norm: training=False needs running_mean and running_var")
+        scale = rsqrt(add(reshape(running_var, bshape), eps))
+        if w is not None:
+            scale = mul(scale, w)
+        y = mul(sub(x, reshape(running_mean, bshape)), scale)
+        return (y if b is None else add(y, b)), running_mean, running_var
+    y, mu, var_ = normalize(x, axes, eps, weight=w, bias=b)
+    if running_mean is None or running_var is None:
+        return y, running_mean, running_var
+    n = int(np.prod([shape[a] for a in axes], dtype=np.int64))
+    mu, var_ = reshape(mu, (-1,)), reshape(var_, (-1,))
+    unbiased = n / (n - 1) if n > 1 else 1.0
+    m = momentum
+    # A Python momentum stays Python: an op on two Python numbers would give a float64 numpy scalar.
+    keep, m_var = (1.0 - m, m * unbiased) if isinstance(m, (int, float)) else (sub(1.0, m), mul(m, unbiased))
+    new_mean = add(mul(running_mean, keep), mul(mu, m))
+    new_var = add(mul(running_var, keep), mul(var_, m_var))
+    return y, new_mean, new_var
+
+
+def _dims(shape) -> tuple:
+    """A shape given as an int (torch accepts ``layer_norm(x, 3)``) or a sequence."""
+    return (int(shape),) if isinstance(shape, (int, np.integer)) else tuple(shape)
+
+
+@op
+def layer_norm(x, normalized_shape, weight=None, bias=None, eps=1e-5):
+    """``torch.nn.functional.layer_norm``: statistics over the trailing ``normalized_shape`` dims."""
+    k = len(_dims(normalized_shape))
+    n = len(shape_of(x))
+    return normalize(x, tuple(range(n - k, n)), eps, weight=weight, bias=bias)[0]
+
+
+@op
+def group_norm(x, num_groups, weight=None, bias=None, eps=1e-5):
+    """``torch.nn.functional.group_norm`` on (N, C, ...): statistics per sample over each group of channels."""
+    shape = shape_of(x)
+    grouped = reshape(x, (shape[0], num_groups, -1))
+    y = reshape(normalize(grouped, (2,), eps)[0], shape)
+    bshape = (1, shape[1]) + (1,) * (len(shape) - 2)
+    if weight is not None:
+        y = mul(y, reshape(weight, bshape))
+    if bias is not None:
+        y = add(y, reshape(bias, bshape))
+    return y
+
+
+@op
+def rms_norm(x, normalized_shape, weight=None, eps=None):
+    """``torch.nn.functional.rms_norm``: ``x / sqrt(mean(x^2) + eps) * weight``; ``eps=None``: the dtype's epsilon."""
+    k = len(_dims(normalized_shape))
+    n = len(shape_of(x))
+    eps = float(np.finfo(dtype_of(x)).eps) if eps is None else eps
+    ms = mean(mul(x, x), axis=tuple(range(n - k, n)), keepdims=True)
+    y = mul(x, rsqrt(add(ms, eps)))
+    return y if weight is None else mul(y, weight)
+
+
+@op
+def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_mask=None, is_causal=False,
+                                 scale=None):
+    """``torch.nn.functional.scaled_dot_product_attention`` on (..., L, E) queries, (..., S, E) keys and values.
+
+    ``attn_mask``: boolean, True where a query may attend (torch's
+    convention), or float, added to the scores; it broadcasts to (..., L, S).
+    ``is_causal``: the top-left causal mask.  ``dropout_mask``: the case's
+    dropout factors (0 or 1 / (1 - p)) of shape (..., L, S), multiplied into
+    the attention weights; no framework's attention takes a given mask, so
+    with one the frameworks run this composition in their own ops.
+    """
+    nk = len(shape_of(key))
+    L, E = shape_of(query)[-2:]
+    S = shape_of(key)[-2]
+    scale = 1.0 / math.sqrt(E) if scale is None else scale
+    # The key's own rank: torch broadcasts a (3, S, E) key against (2, 3, L, E) queries.
+    scores = mul(matmul(query, transpose(key, tuple(range(nk - 2)) + (nk - 1, nk - 2))), scale)
+    if is_causal:
+        if attn_mask is not None:
+            raise ValueError("scaled_dot_product_attention: give attn_mask or is_causal=True, not both (as torch)")
+        attn_mask = np.tril(np.ones((L, S), dtype=bool))
+    if attn_mask is not None:
+        if dtype_of(attn_mask) == np.bool_:
+            if isinstance(attn_mask, np.ndarray):
+                scores = add(scores, asarray(np.where(attn_mask, 0.0, -np.inf), like=scores))
+            else:
+                scores = where(attn_mask, scores, -math.inf)
+        else:
+            scores = add(scores, asarray(attn_mask, like=scores) if isinstance(attn_mask, np.ndarray) else attn_mask)
+    weights = softmax(scores, axis=-1)
+    if dropout_mask is not None:
+        weights = mul(weights, asarray(dropout_mask, like=weights) if isinstance(dropout_mask, np.ndarray)
+                      else dropout_mask)
+    return matmul(weights, value)
+
+
+@op
+def embedding(ids, weight, padding_idx=None):
+    """``torch.nn.functional.embedding``: rows of ``weight`` (num, dim) at integer ``ids``.
+
+    With ``padding_idx`` that row gets no gradient (torch's rule); here its
+    positions of the output are the constant zero the row holds in torch, so
+    the function does not depend on the row and zero is its true derivative
+    (the float64 referee agrees).
+    """
+    out = take(weight, ids, axis=0)
+    if padding_idx is None:
+        return out
+    padding_idx %= shape_of(weight)[0]  # a negative index counts from the end, as in torch
+    pad = reshape(equal(ids, padding_idx), shape_of(ids) + (1,))
+    return where(pad, 0.0, out)
+
+
+# Losses, with torch.nn.functional's names, arguments and reductions.
+def _reduce_loss(loss, reduction, denominator=None):
+    if reduction == "none":
+        return loss
+    if reduction == "sum":
+        return sum(loss)
+    if reduction == "mean":
+        return mean(loss) if denominator is None else div(sum(loss), denominator)
+    raise ValueError(f"reduction={reduction!r}; expected 'mean', 'sum' or 'none'")
+
+
+def _one_hot(ids, num_classes: int, axis: int):
+    ndim = len(shape_of(ids)) + 1
+    axis %= ndim
+    classes = np.arange(num_classes).reshape((1,) * axis + (num_classes,) + (1,) * (ndim - axis - 1))
+    return equal(reshape(ids, shape_of(ids)[:axis] + (1,) + shape_of(ids)[axis:]), classes)
+
+
+@op
+def cross_entropy(input, target, weight=None, ignore_index=-100, reduction="mean", label_smoothing=0.0):
+    """``torch.nn.functional.cross_entropy`` on logits (N, C) or (N, C, d1, ...).
+
+    ``target``: class indices (N,) / (N, d1, ...), or class probabilities of
+    the logits' shape (a float array).  ``weight``: a per-class weight (C,).
+    """
+    shape = shape_of(input)
+    if len(shape) < 2:
+        raise ValueError(f"cross_entropy: logits of shape {shape}; expected (N, C) or (N, C, d1, ...)")
+    logp = log_softmax(input, axis=1)
+    bshape = (1, shape[1]) + (1,) * (len(shape) - 2)
+    w = None if weight is None else reshape(asarray(weight, like=input) if isinstance(weight, np.ndarray)
+                                            else weight, bshape)
+    if np.dtype(dtype_of(target)).kind == "f":
+        if shape_of(target) != shape:
+            raise ValueError(f"cross_entropy: probability targets of shape {shape_of(target)} must match "
+                             f"logits {shape}")
+        if label_smoothing:
+            target = add(mul(target, 1.0 - label_smoothing), label_smoothing / shape[1])
+        weighted = mul(logp, target) if w is None else mul(mul(logp, target), w)
+        # torch's "mean" over probability targets divides by every output element but the class dim.
+        return _reduce_loss(neg(sum(weighted, axis=1)), reduction)
+    hot = _one_hot(target, shape[1], axis=1)
+    nll = neg(sum(where(hot, logp, 0.0), axis=1))
+    zeros = zeros_like(nll)
+    # Per-sample weight: the target class's weight, 0 where the label is ignored.
+    keep = where(equal(target, ignore_index), zeros, add(zeros, 1.0))
+    if w is not None:
+        keep = mul(keep, sum(where(hot, w, 0.0), axis=1))
+    loss = mul(nll, keep)
+    den = sum(keep) if reduction == "mean" else None
+    if not label_smoothing:
+        return _reduce_loss(loss, reduction, denominator=den)
+    # torch's rule: (1 - e) * the weighted nll + e / C * the class-weighted sum of -log p, over kept samples.
+    smooth = neg(sum(logp if w is None else mul(logp, w), axis=1))
+    smooth = where(equal(target, ignore_index), zeros, smooth)
+    return add(mul(_reduce_loss(loss, reduction, den), 1.0 - label_smoothing),
+               mul(_reduce_loss(smooth, reduction, den), label_smoothing / shape[1]))
+
+
+@op
+def nll_loss(input, target, weight=None, ignore_index=-100, reduction="mean"):
+    """``torch.nn.functional.nll_loss``: negative log-likelihood of log-probabilities (N, C, ...) at integer targets."""
+    shape = shape_of(input)
+    hot = _one_hot(target, shape[1], axis=1)
+    nll = neg(sum(where(hot, input, 0.0), axis=1))
+    zeros = zeros_like(nll)
+    keep = where(equal(target, ignore_index), zeros, add(zeros, 1.0))
+    if weight is not None:
+        bshape = (1, shape[1]) + (1,) * (len(shape) - 2)
+        w = reshape(asarray(weight, like=input) if isinstance(weight, np.ndarray) else weight, bshape)
+        keep = mul(keep, sum(where(hot, w, 0.0), axis=1))
+    return _reduce_loss(mul(nll, keep), reduction, denominator=sum(keep) if reduction == "mean" else None)
+
+
+@op
+def mse_loss(input, target, reduction="mean"):
+    """``torch.nn.functional.mse_loss``."""
+    d = sub(input, target)
+    return _reduce_loss(mul(d, d), reduction)
+
+
+@op
+def binary_cross_entropy_with_logits(input, target, weight=None, reduction="mean", pos_weight=None):
+    """``torch.nn.functional.binary_cross_entropy_with_logits``, torch's stable form
+    ``(1 - y) x + (1 + (pos_weight - 1) y) softplus(-x)``."""
+    sp = softplus(neg(input))
+    if pos_weight is not None:
+        pw = asarray(pos_weight, like=input) if isinstance(pos_weight, np.ndarray) else pos_weight
+        sp = mul(sp, add(mul(sub(pw, 1.0), target), 1.0))
+    loss = add(mul(sub(1.0, target), input), sp)
+    if weight is not None:
+        loss = mul(loss, asarray(weight, like=input) if isinstance(weight, np.ndarray) else weight)
+    return _reduce_loss(loss, reduction)
 
 
 def check_normalize_affine(shape, weight, bias) -> None:

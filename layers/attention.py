@@ -40,6 +40,22 @@ def _additive(mask, scores):
     return ops.asarray(mask, like=scores) if backend_of(mask) == "numpy" else mask
 
 
+def _is_bool(mask) -> bool:
+    return np.dtype(ops.dtype_of(mask)) == np.bool_
+
+
+def _constant_bool(mask):
+    """A boolean mask on the tape as the numpy constant the tape's ops take; others unchanged."""
+    return ops.to_numpy(mask) if mask is not None and backend_of(mask) == "tape" and _is_bool(mask) else mask
+
+
+def _apply(scores, mask):
+    """Scores with ``mask`` applied as ``ops.scaled_dot_product_attention`` does (bool: True = attend; float: added)."""
+    if mask is None:
+        return scores
+    return _mask_scores(scores, mask) if _is_bool(mask) else scores + _additive(mask, scores)
+
+
 def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p: float = 0.0,
                                  is_causal: bool = False, scale: float | None = None, dropout_seed: int = 0,
                                  return_weights: bool = False):
@@ -48,26 +64,31 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p: f
     A boolean ``attn_mask`` marks with True the pairs that take part (torch's
     convention here); a float mask is added to the scores.  Dropout on the
     attention weights uses the deterministic mask of ``dropout_seed`` (see
-    ``Dropout``) instead of torch's random one.
+    ``Dropout``) instead of torch's random one.  It runs as
+    ``ops.scaled_dot_product_attention`` (torch: F.scaled_dot_product_attention,
+    or its math kernel with the given dropout mask); ``return_weights=True``
+    needs the attention weights, which no framework kernel returns, so that
+    path is the composition in ops.
     """
     L, E = ops.shape_of(query)[-2:]
     S = ops.shape_of(key)[-2]
+    if is_causal and attn_mask is not None:
+        raise ValueError("scaled_dot_product_attention: give attn_mask or is_causal=True, not both (as torch)")
+    attn_mask = _constant_bool(attn_mask)
+    drop = None
+    if dropout_p > 0.0:
+        batch = np.broadcast_shapes(ops.shape_of(query)[:-2], ops.shape_of(key)[:-2],
+                                    () if attn_mask is None else ops.shape_of(attn_mask)[:-2])
+        drop = dropout_mask(dropout_seed, tuple(batch) + (L, S), dropout_p)
+    if not return_weights:
+        return ops.scaled_dot_product_attention(query, key, value, attn_mask=attn_mask, dropout_mask=drop,
+                                                is_causal=is_causal, scale=scale)
     scale = 1.0 / math.sqrt(E) if scale is None else scale
     scores = ops.matmul(query, _swap_last(key)) * scale
-    if is_causal:
-        if attn_mask is not None:
-            raise ValueError("scaled_dot_product_attention: give attn_mask or is_causal=True, not both (as torch)")
-        attn_mask = causal_mask(L, S)
-    if attn_mask is not None:
-        if np.dtype(ops.dtype_of(attn_mask)) == np.bool_:
-            scores = _mask_scores(scores, attn_mask)
-        else:
-            scores = scores + _additive(attn_mask, scores)
-    weights = ops.softmax(scores, axis=-1)
-    if dropout_p > 0.0:
-        weights = weights * ops.asarray(dropout_mask(dropout_seed, ops.shape_of(weights), dropout_p), like=weights)
-    out = ops.matmul(weights, value)
-    return (out, weights) if return_weights else out
+    weights = ops.softmax(_apply(scores, causal_mask(L, S) if is_causal else attn_mask), axis=-1)
+    if drop is not None:
+        weights = weights * ops.asarray(drop, like=weights)
+    return ops.matmul(weights, value), weights
 
 
 class MultiheadAttention(Module):
@@ -81,6 +102,13 @@ class MultiheadAttention(Module):
     boolean ``attn_mask`` or ``key_padding_mask`` marks with True what must
     NOT be attended to.  With ``kdim``/``vdim`` different from ``embed_dim``
     the projections are ``q_proj_weight``, ``k_proj_weight``, ``v_proj_weight``.
+
+    As torch's module does, the projections are ``ops.linear`` (of the
+    ``in_proj_weight`` slices) and the attention one call of
+    ``ops.scaled_dot_product_attention``, the causal mask, ``attn_mask`` and
+    ``key_padding_mask`` merged into one mask first (``_merged_mask``).
+    ``need_weights=True`` returns the weights, which no attention kernel
+    does: that call composes the attention from matmul and softmax.
     """
 
     in_proj_weight: Any = param()
@@ -130,10 +158,8 @@ class MultiheadAttention(Module):
             w = ops.getitem(self.in_proj_weight, slice(i * E, (i + 1) * E))
         else:
             w = (self.q_proj_weight, self.k_proj_weight, self.v_proj_weight)[i]
-        y = ops.matmul(x, ops.transpose(w))
-        if self.in_proj_bias is not None:
-            y = y + ops.getitem(self.in_proj_bias, slice(i * E, (i + 1) * E))
-        return y
+        b = None if self.in_proj_bias is None else ops.getitem(self.in_proj_bias, slice(i * E, (i + 1) * E))
+        return ops.linear(x, w, b)
 
     def _heads(self, x):
         """(N, T, E) -> (N, heads, T, E / heads)."""
@@ -149,17 +175,23 @@ class MultiheadAttention(Module):
         n, L, _ = ops.shape_of(query)
         S = ops.shape_of(key)[1]
         q, k, v = (self._heads(self._project(t, i)) for i, t in enumerate((query, key, value)))
-        scores = ops.matmul(q, _swap_last(k)) * (1.0 / math.sqrt(self.embed_dim // self.num_heads))
-        if self.causal or is_causal:
-            scores = _mask_scores(scores, causal_mask(L, S))
-        if attn_mask is not None:
-            scores = self._apply_mask(scores, attn_mask, (n, self.num_heads, L, S))
-        if key_padding_mask is not None:
-            scores = self._apply_mask(scores, ops.reshape(key_padding_mask, (n, 1, 1, S)), None)
-        weights = ops.softmax(scores, axis=-1)
+        causal = self.causal or is_causal
+        drop = None
         if self.dropout > 0.0 and self.training:
-            weights = weights * ops.asarray(dropout_mask(self.seed, ops.shape_of(weights), self.dropout), like=weights)
-        out = ops.matmul(weights, v)  # (N, heads, L, d)
+            drop = dropout_mask(self.seed, (n, self.num_heads, L, S), self.dropout)
+        if need_weights:
+            # The weights are part of the result and no framework kernel returns them: the composition.
+            mask = self._merged_mask(attn_mask, key_padding_mask, causal, n, L, S)
+            scores = ops.matmul(q, _swap_last(k)) * (1.0 / math.sqrt(self.embed_dim // self.num_heads))
+            weights = ops.softmax(_apply(scores, mask), axis=-1)
+            if drop is not None:
+                weights = weights * ops.asarray(drop, like=weights)
+            out = ops.matmul(weights, v)  # (N, heads, L, d)
+        elif attn_mask is None and key_padding_mask is None:
+            out = ops.scaled_dot_product_attention(q, k, v, dropout_mask=drop, is_causal=causal)
+        else:
+            mask = self._merged_mask(attn_mask, key_padding_mask, causal, n, L, S)
+            out = ops.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_mask=drop)
         out = self.out_proj(ops.reshape(ops.transpose(out, (0, 2, 1, 3)), (n, L, self.embed_dim)))
         if not self.batch_first:
             out = ops.transpose(out, (1, 0, 2))
@@ -167,12 +199,30 @@ class MultiheadAttention(Module):
             return out
         return out, (ops.mean(weights, axis=1) if average_attn_weights else weights)
 
-    @staticmethod
-    def _apply_mask(scores, mask, shape3d):
-        if len(ops.shape_of(mask)) == 3:  # torch's (N * heads, L, S)
-            mask = ops.reshape(mask, shape3d)
-        if np.dtype(ops.dtype_of(mask)) == np.bool_:
-            if backend_of(mask) in ("numpy", "tape"):
-                return _mask_scores(scores, ~np.asarray(ops.to_numpy(mask)))
-            return ops.where(mask, -math.inf, scores)
-        return scores + _additive(mask, scores)
+    def _merged_mask(self, attn_mask, key_padding_mask, causal, n, L, S):
+        """The causal mask, ``attn_mask`` and ``key_padding_mask`` as one mask, merged as torch.nn.MultiheadAttention does.
+
+        The result is in ``ops.scaled_dot_product_attention``'s convention
+        (bool: True = attend; float: added to the scores).  torch's boolean
+        masks mark with True what must NOT be attended to; float masks (either
+        one) are added, and a pair that any boolean mask excludes gets -inf.
+        """
+        keep = causal_mask(L, S) if causal else None  # bool, True = attend
+        added = None  # the sum of the float masks
+        # torch's shapes: attn_mask (L, S) or (N * heads, L, S); key_padding_mask (N, S).
+        for mask, shape, always in ((attn_mask, (n, self.num_heads, L, S), False),
+                                    (key_padding_mask, (n, 1, 1, S), True)):
+            if mask is None:
+                continue
+            if always or len(ops.shape_of(mask)) == 3:
+                mask = ops.reshape(mask, shape)
+            if not _is_bool(mask):
+                added = mask if added is None else ops.add(added, mask)
+            elif backend_of(mask) in ("numpy", "tape"):
+                excluded = np.asarray(ops.to_numpy(mask))
+                keep = ~excluded if keep is None else keep & ~excluded
+            else:  # a framework's boolean array: negated and combined with its own ops
+                keep = ops.where(mask, False, True if keep is None else keep)
+        if added is None:
+            return keep
+        return added if keep is None else ops.where(keep, added, -math.inf)

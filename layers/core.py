@@ -34,7 +34,7 @@ Sequential = Chain
 
 
 class Dense(Module):
-    """``activation(x @ weight.T + bias)``; weight is (out, in) as torch.nn.Linear."""
+    """``activation(x @ weight.T + bias)``; weight is (out, in) as torch.nn.Linear (``ops.linear``: F.linear on torch)."""
 
     weight: Any = param()
     bias: Any = param()
@@ -47,9 +47,7 @@ class Dense(Module):
         self.activation = activation
 
     def __call__(self, x):
-        y = ops.matmul(x, ops.transpose(self.weight))
-        if self.bias is not None:
-            y = y + self.bias
+        y = ops.linear(x, self.weight, self.bias)
         return self.activation(y) if self.activation is not None else y
 
 

@@ -17,6 +17,12 @@ class Dropout(Module):
     from ``rng`` when the layer is built, and every call regenerates the same
     mask from it in numpy, ``default_rng(seed).random(shape) >= p``.  Calling
     one layer twice on the same shape therefore reuses its mask.
+
+    So every backend, torch included, multiplies by that numpy mask rather
+    than calling its framework's dropout (``F.dropout``, ``jax.random``): no
+    framework dropout takes a given mask.  (Attention dropout is different:
+    torch's attention math kernel does take one; see
+    ``ops.scaled_dot_product_attention``.)
     """
 
     p: float = static()

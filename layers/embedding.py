@@ -31,7 +31,9 @@ class Embedding(Module):
     the function does not depend on the row at all and the zero gradient is
     its true derivative: a finite-difference referee perturbing the row
     agrees.  The outputs differ from torch's only if the padding row was
-    overwritten with non-zeros.
+    overwritten with non-zeros.  The lookup is ``ops.embedding``: torch runs
+    ``F.embedding`` (with ``padding_idx``), which gives the same output and
+    gradients while the row is zero.
     """
 
     weight: Any = param()
@@ -49,12 +51,7 @@ class Embedding(Module):
         self.padding_idx = padding_idx
 
     def __call__(self, ids):
-        ids = constant_index(ids)
-        out = ops.take(self.weight, ids, axis=0)
-        if self.padding_idx is None:
-            return out
-        pad = ops.expand_dims(ops.equal(ids, self.padding_idx), -1)
-        return ops.where(pad, 0.0, out)
+        return ops.embedding(constant_index(ids), self.weight, self.padding_idx)
 
 
 def one_hot(ids, num_classes: int, axis: int = -1):

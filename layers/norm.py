@@ -1,10 +1,10 @@
 """Normalisation layers; running statistics are buffers, updated in training mode.
 
-Batch statistics go through ``ops.normalize``: one node on the tape, a fused
-forward on numpy, the composition on torch and jax (see
-``torch_ops.normalize`` for why not torch's own kernels).  In eval mode BatchNorm applies its running statistics, with the
-affine weight folded into the per-channel scale before it touches the
-full-size activation.
+Each layer calls the framework kernel of its name in ``gradcheck.ops``
+(``batch_norm``, ``layer_norm``, ``group_norm``, ``rms_norm``): torch runs
+``F.batch_norm`` and the others, the tape and the numpy referee run the
+derived compositions there (statistics through ``ops.normalize``, one node on
+the tape).
 """
 
 from __future__ import annotations
@@ -49,37 +49,27 @@ class _BatchNorm(Module):
                 f"{type(self).__name__}({self.num_features}): input of shape {shape}; expected "
                 f"rank {' or '.join(map(str, self.ranks))} with {self.num_features} channels in dim 1"
             )
-        axes = (0,) + tuple(range(2, len(shape)))
-        bshape = (1, shape[1]) + (1,) * (len(shape) - 2)
-        weight, bias = (None if a is None else ops.reshape(a, bshape) for a in (self.weight, self.bias))
-        if self.training or self.running_mean is None:
-            n = int(np.prod([shape[a] for a in axes]))
-            if self.training and n <= 1:
-                raise ValueError(
-                    f"{type(self).__name__}: expected more than 1 value per channel when training, "
-                    f"got input of shape {shape}; use a larger batch or eval mode"
-                )
-            y, mean, var = ops.normalize(x, axes, self.eps, weight=weight, bias=bias)
-            if self.training and self.running_mean is not None:
-                self._update_running(ops.reshape(mean, (-1,)), ops.reshape(var, (-1,)), n)
-            return y
-        centred = x - ops.reshape(self.running_mean, bshape)
-        scale = ops.rsqrt(ops.reshape(self.running_var, bshape) + self.eps)
-        if weight is not None:
-            scale = scale * weight
-        y = centred * scale
-        return y + bias if bias is not None else y
-
-    def _update_running(self, mean, var, n):
-        # torch updates running_var with the unbiased batch variance, and with
-        # momentum=None keeps a cumulative average (factor 1/num_batches_tracked).
-        self.num_batches_tracked = self.num_batches_tracked + 1
-        m = self.momentum
-        if m is None:
-            m = ops.div(1.0, ops.astype(self.num_batches_tracked, ops.dtype_of(mean)))
-        mean, var = ops.stop_gradient(mean), ops.stop_gradient(var)
-        self.running_mean = self.running_mean * (1 - m) + mean * m
-        self.running_var = self.running_var * (1 - m) + var * (m * (n / (n - 1)))
+        if self.training and int(np.prod([shape[0], *shape[2:]])) <= 1:
+            raise ValueError(
+                f"{type(self).__name__}: expected more than 1 value per channel when training, "
+                f"got input of shape {shape}; use a larger batch or eval mode"
+            )
+        # As torch.nn.BatchNorm: batch statistics in training and whenever there are no running
+        # statistics; running statistics updated only in training, with num_batches_tracked.
+        tracking = self.running_mean is not None
+        momentum = 0.0
+        if self.training and tracking:
+            self.num_batches_tracked = self.num_batches_tracked + 1
+            momentum = self.momentum
+            if momentum is None:  # a cumulative average: factor 1 / num_batches_tracked, counted after this batch
+                momentum = ops.div(1.0, ops.astype(self.num_batches_tracked, ops.dtype_of(x)))
+        y, running_mean, running_var = ops.batch_norm(
+            x, self.running_mean, self.running_var, self.weight, self.bias,
+            training=self.training or not tracking, momentum=momentum, eps=self.eps,
+        )
+        if self.training and tracking:
+            self.running_mean, self.running_var = running_mean, running_var
+        return y
 
 
 class BatchNorm2d(_BatchNorm):
@@ -117,8 +107,7 @@ class LayerNorm(Module):
                 f"LayerNorm(normalized_shape={self.normalized_shape}): input of shape {shape} "
                 "does not end with those dims"
             )
-        axes = tuple(range(len(shape) - k, len(shape)))
-        return ops.normalize(x, axes, self.eps, weight=self.weight, bias=self.bias)[0]
+        return ops.layer_norm(x, self.normalized_shape, self.weight, self.bias, eps=self.eps)
 
 
 class GroupNorm(Module):
@@ -146,12 +135,7 @@ class GroupNorm(Module):
                 f"GroupNorm({self.num_groups}, {self.num_channels}): input of shape {shape}; "
                 f"expected (N, {self.num_channels}, ...)"
             )
-        grouped = ops.reshape(x, (shape[0], self.num_groups, -1))
-        y = ops.reshape(ops.normalize(grouped, (2,), self.eps)[0], shape)
-        bshape = (1, shape[1]) + (1,) * (len(shape) - 2)
-        if self.weight is not None:
-            y = y * ops.reshape(self.weight, bshape) + ops.reshape(self.bias, bshape)
-        return y
+        return ops.group_norm(x, self.num_groups, self.weight, self.bias, eps=self.eps)
 
 
 class RMSNorm(Module):
@@ -177,7 +161,4 @@ class RMSNorm(Module):
                 f"RMSNorm(normalized_shape={self.normalized_shape}): input of shape {shape} "
                 "does not end with those dims"
             )
-        eps = self.eps if self.eps is not None else float(np.finfo(ops.dtype_of(x)).eps)
-        ms = ops.mean(x * x, axis=tuple(range(len(shape) - k, len(shape))), keepdims=True)
-        y = x * ops.rsqrt(ms + eps)
-        return y * self.weight if self.weight is not None else y
+        return ops.rms_norm(x, self.normalized_shape, self.weight, eps=self.eps)

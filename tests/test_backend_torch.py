@@ -9,6 +9,7 @@ backends in float64 and compares value and gradients to ~1e-10.
 
 from __future__ import annotations
 
+import functools
 import subprocess
 import sys
 import zlib
@@ -95,6 +96,17 @@ C34 = rng0.standard_normal((3, 4))  # a float64 numpy constant
 MASK34 = rng0.standard_normal((3, 4)) > 0
 W_CONV = rng0.standard_normal((6, 2, 3, 3))  # used as a constant weight in some rows
 IX = np.array  # index arrays read better short
+# Constants of the framework-kernel rows: running statistics, masks, labels, class weights.
+RM4, RV4 = rng0.standard_normal(4), rng0.uniform(0.5, 2.0, 4)
+KEEP46 = (rng0.random((4, 6)) > 0.4) | np.eye(4, 6, dtype=bool)  # True = attend; never a whole row masked
+BIAS46, BIAS246 = rng0.standard_normal((4, 6)), rng0.standard_normal((2, 1, 4, 6))
+DROP = (rng0.random((2, 3, 4, 6)) >= 0.25) / 0.75  # dropout's factors: 0 or 1/(1-p)
+IDS = np.array([[0, 2, 6, 2], [5, 0, 1, 6]])
+REDUCTIONS = ("mean", "sum", "none")
+T5, T23 = np.array([0, 3, 1, 2, 3]), np.array([[1, 0, 3], [2, 2, 0]])
+W4, PW4 = np.array([0.2, 1.0, 3.0, 0.5]), np.array([1.0, 2.0, 0.5, 3.0])
+P54 = rng0.dirichlet(np.ones(4), size=5)  # probability targets
+Y34 = rng0.random((3, 4))
 
 # fmt: off
 ROWS = [
@@ -264,6 +276,106 @@ ROWS = [
     R("adaptive_avg_pool2d", lambda x: ops.adaptive_avg_pool2d(x, (3, 2)), (2, 3, 5, 7)),
     R("adaptive_avg_pool2d", lambda x: ops.adaptive_avg_pool2d(x, 1), (2, 3, 4, 4)),
     R("adaptive_avg_pool2d", lambda x: ops.adaptive_avg_pool2d(x, 4), (1, 2, 6, 5)),
+    # -- framework kernels: torch runs F.linear, F.batch_norm, F.scaled_dot_product_attention, F.cross_entropy ...
+    R("linear", lambda x, w, b: ops.linear(x, w, b), (4, 5), (3, 5), (3,)),
+    R("linear", lambda x, w: ops.linear(x, w), (2, 3, 5), (4, 5)),
+    R("linear", lambda x, b: ops.linear(x, C34, b), (2, 4), (3,), const64=True),
+    R("linear", lambda x, w, b: ops.linear(x, w, b), (5,), (2, 5), (2,)),
+    # batch_norm: train (batch statistics, running statistics updated) and eval, 1d and 2d, affine or not
+    R("batch_norm", lambda x, w, b: ops.batch_norm(x, RM4, RV4, w, b)[0], (3, 4, 5, 2), (4,), (4,), const64=True),
+    R("batch_norm", lambda x, w, b: ops.batch_norm(x, None, None, w, b, eps=1e-3)[0], (3, 4, 2, 3), (4,), (4,)),
+    R("batch_norm", lambda x: ops.batch_norm(x, RM4, RV4, momentum=0.3)[0], (6, 4), const64=True),
+    R("batch_norm", lambda x, w: ops.batch_norm(x, weight=w, training=True)[0], (3, 4, 5), (4,)),
+    R("batch_norm", lambda x, w, b: ops.batch_norm(x, RM4, RV4, w, b, training=False)[0], (2, 4, 3, 3), (4,), (4,),
+      const64=True),
+    R("batch_norm", lambda x: ops.batch_norm(x, RM4, RV4, training=False, eps=1e-2)[0], (5, 4), const64=True),
+    R("batch_norm", lambda x, b: ops.batch_norm(x, RM4, RV4, bias=b, training=False)[0], (2, 4, 6), (4,), const64=True),
+    R("batch_norm", lambda x: ops.batch_norm(x, RM4, RV4, momentum=0.2)[1], (3, 4, 5, 2), grad=False, const64=True),
+    R("batch_norm", lambda x: ops.batch_norm(x, RM4, RV4, momentum=0.2)[2], (3, 4, 5, 2), grad=False, const64=True),
+    # momentum as a 0-d array: BatchNorm's cumulative factor 1/num_batches_tracked for momentum=None
+    R("batch_norm", lambda x, w: ops.batch_norm(x, RM4, RV4, w, momentum=np.array(1 / 3))[0], (3, 4, 2, 2), (4,),
+      const64=True),
+    R("batch_norm", lambda x: ops.batch_norm(x, RM4, RV4, momentum=np.array(1 / 3))[1], (7, 4), grad=False, const64=True),
+    R("batch_norm", lambda x: ops.batch_norm(x, RM4, RV4, momentum=np.array(1 / 3))[2], (3, 4, 3), grad=False,
+      const64=True),
+    R("layer_norm", lambda x, w, b: ops.layer_norm(x, (4, 5), w, b), (2, 3, 4, 5), (4, 5), (4, 5)),
+    R("layer_norm", lambda x: ops.layer_norm(x, (6,)), (3, 6)),
+    R("layer_norm", lambda x, w: ops.layer_norm(x, (3, 4), w, eps=1e-3), (2, 3, 4), (3, 4)),
+    R("layer_norm", lambda x, w, b: ops.layer_norm(x, (2, 3, 4), w, b), (2, 3, 4), (2, 3, 4), (2, 3, 4)),
+    R("group_norm", lambda x, w, b: ops.group_norm(x, 2, w, b), (2, 6, 3, 3), (6,), (6,)),
+    R("group_norm", lambda x: ops.group_norm(x, 6), (2, 6, 4)),
+    R("group_norm", lambda x, w: ops.group_norm(x, 1, w, eps=1e-3), (3, 4, 5), (4,)),
+    R("group_norm", lambda x, b: ops.group_norm(x, 3, bias=b), (2, 6, 2, 3), (6,)),
+    R("rms_norm", lambda x, w: ops.rms_norm(x, (8,), w), (2, 3, 8), (8,)),
+    R("rms_norm", lambda x, w: ops.rms_norm(x, (3, 4), w, eps=1e-5), (2, 3, 4), (3, 4)),
+    R("rms_norm", lambda x: ops.rms_norm(x, (5,), eps=1e-6), (3, 5)),
+    R("rms_norm", lambda x: ops.rms_norm(x, (2, 5)), (3, 2, 5), lo=-0.01, hi=0.01),  # eps=None matters here
+    # attention: batched heads (N, H, L, E), masks bool (True = attend) / float, causal, dropout, scale
+    R("scaled_dot_product_attention", lambda q, k, v: ops.scaled_dot_product_attention(q, k, v),
+      (2, 3, 4, 5), (2, 3, 6, 5), (2, 3, 6, 2)),
+    R("scaled_dot_product_attention", lambda q, k, v: ops.scaled_dot_product_attention(q, k, v, attn_mask=KEEP46),
+      (2, 3, 4, 5), (2, 3, 6, 5), (2, 3, 6, 2)),
+    R("scaled_dot_product_attention", lambda q, k, v: ops.scaled_dot_product_attention(q, k, v, attn_mask=BIAS46),
+      (2, 3, 4, 5), (2, 3, 6, 5), (2, 3, 6, 2), const64=True),
+    R("scaled_dot_product_attention", lambda q, k, v: ops.scaled_dot_product_attention(q, k, v, attn_mask=BIAS246),
+      (2, 3, 4, 5), (2, 3, 6, 5), (2, 3, 6, 4), const64=True),
+    R("scaled_dot_product_attention", lambda q, k, v: ops.scaled_dot_product_attention(q, k, v, is_causal=True),
+      (2, 3, 4, 5), (2, 3, 6, 5), (2, 3, 6, 2)),
+    R("scaled_dot_product_attention", lambda q, k, v: ops.scaled_dot_product_attention(q, k, v, scale=0.3),
+      (3, 4, 5), (3, 6, 5), (3, 6, 3)),
+    R("scaled_dot_product_attention", lambda q, k, v, m: ops.scaled_dot_product_attention(q, k, v, attn_mask=m),
+      (2, 4, 5), (2, 6, 5), (2, 6, 2), (4, 6)),
+    R("scaled_dot_product_attention", lambda q, k, v: ops.scaled_dot_product_attention(q, k, v, dropout_mask=DROP),
+      (2, 3, 4, 5), (2, 3, 6, 5), (2, 3, 6, 2), const64=True),
+    R("scaled_dot_product_attention",
+      lambda q, k, v: ops.scaled_dot_product_attention(q, k, v, dropout_mask=DROP, is_causal=True, scale=0.7),
+      (2, 3, 4, 5), (2, 3, 6, 5), (2, 3, 6, 2), const64=True),
+    R("scaled_dot_product_attention",
+      lambda q, k, v: ops.scaled_dot_product_attention(q, k, v, attn_mask=KEEP46, dropout_mask=DROP[0]),
+      (2, 3, 4, 5), (2, 3, 6, 5), (2, 3, 6, 2), const64=True),
+    R("scaled_dot_product_attention",
+      lambda q, k, v: ops.scaled_dot_product_attention(q, k, v, attn_mask=BIAS46, dropout_mask=DROP),
+      (2, 3, 4, 5), (2, 3, 6, 5), (2, 3, 6, 2), const64=True),
+    R("scaled_dot_product_attention",
+      lambda q, k, v: ops.scaled_dot_product_attention(q, k, v, dropout_mask=np.zeros((4, 6))),
+      (2, 4, 5), (2, 6, 5), (2, 6, 2), const64=True),
+    R("embedding", lambda w: ops.embedding(IDS, w), (7, 3)),
+    R("embedding", lambda w: ops.embedding(IDS[0], w, padding_idx=0), (7, 3)),  # a non-zero padding row: still zeros
+    R("embedding", lambda w: ops.embedding(IDS, w, padding_idx=6), (7, 4)),
+    # losses: every reduction; class weights, ignore_index, label smoothing, probability targets, pos_weight
+    *[R("cross_entropy", lambda x, red=red: ops.cross_entropy(x, T5, reduction=red), (5, 4)) for red in REDUCTIONS],
+    *[R("cross_entropy", lambda x, red=red: ops.cross_entropy(x, T5, weight=W4, reduction=red), (5, 4), const64=True)
+      for red in REDUCTIONS],
+    *[R("cross_entropy", lambda x, red=red: ops.cross_entropy(x, T5, ignore_index=3, weight=W4, reduction=red), (5, 4),
+        const64=True) for red in REDUCTIONS],
+    *[R("cross_entropy", lambda x, red=red: ops.cross_entropy(x, T5, ignore_index=1, label_smoothing=0.1,
+                                                              reduction=red), (5, 4)) for red in REDUCTIONS],
+    *[R("cross_entropy", lambda x, red=red: ops.cross_entropy(x, P54, reduction=red), (5, 4), const64=True)
+      for red in REDUCTIONS],
+    *[R("cross_entropy", lambda x, red=red: ops.cross_entropy(x, P54, weight=W4, label_smoothing=0.2, reduction=red),
+        (5, 4), const64=True) for red in REDUCTIONS],
+    R("cross_entropy", lambda x: ops.cross_entropy(x, T23, label_smoothing=0.3), (2, 4, 3)),
+    R("cross_entropy", lambda x: ops.cross_entropy(x, T23, reduction="sum", weight=W4), (2, 4, 3), const64=True),
+    R("cross_entropy", lambda x, t: ops.cross_entropy(x, t), (2, 4, 3), (2, 4, 3), lo=0.0, hi=1.0),
+    *[R("nll_loss", lambda x, red=red: ops.nll_loss(x, T5, reduction=red), (5, 4), hi=0.0) for red in REDUCTIONS],
+    *[R("nll_loss", lambda x, red=red: ops.nll_loss(x, T5, weight=W4, ignore_index=2, reduction=red), (5, 4),
+        const64=True) for red in REDUCTIONS],
+    R("nll_loss", lambda x: ops.nll_loss(x, T23, ignore_index=0), (2, 4, 3)),
+    *[R("mse_loss", lambda x, t, red=red: ops.mse_loss(x, t, reduction=red), (3, 4), (3, 4)) for red in REDUCTIONS],
+    R("mse_loss", lambda x: ops.mse_loss(x, C34), (3, 4), const64=True),
+    R("mse_loss", lambda x, t: ops.mse_loss(x, t, reduction="sum"), (2, 3, 4), (2, 3, 4)),
+    *[R("binary_cross_entropy_with_logits", lambda x, t, red=red: ops.binary_cross_entropy_with_logits(x, t, reduction=red),
+        (3, 4), (3, 4), lo=-5, hi=5) for red in REDUCTIONS],
+    *[R("binary_cross_entropy_with_logits",
+        lambda x, red=red: ops.binary_cross_entropy_with_logits(x, Y34, weight=W4, pos_weight=PW4, reduction=red),
+        (3, 4), lo=-5, hi=5, const64=True) for red in REDUCTIONS],
+    # torch gives no gradient for weight and pos_weight (test_precise_errors): forward only
+    R("binary_cross_entropy_with_logits", lambda x, w: ops.binary_cross_entropy_with_logits(x, Y34, weight=w),
+      (3, 4), (3, 4), const64=True, grad=False),
+    R("binary_cross_entropy_with_logits", lambda x, pw: ops.binary_cross_entropy_with_logits(x, Y34, pos_weight=pw),
+      (3, 4), (4,), lo=0.5, const64=True, grad=False),
+    R("binary_cross_entropy_with_logits", lambda x: ops.binary_cross_entropy_with_logits(x, Y34, weight=Y34[0]),
+      (3, 4), lo=-5, hi=5, const64=True),
 ]
 # fmt: on
 NOT_DIFFERENTIABLE = {"greater", "less", "equal"}
@@ -332,18 +444,58 @@ def test_every_op_has_forward_and_gradient_rows():
     assert not missing, f"ops without a gradient row: {sorted(missing)}"
 
 
-def test_normalize_is_the_composition_on_torch():
-    # Deliberate (see torch_ops.normalize): torch's fused BatchNorm kernel is so much more accurate in
-    # float32 that its noise would no longer stand for jax's, whose normalisation is the composition.
-    x = torch.randn((3, 4, 5, 2), dtype=torch.float64, requires_grad=True)
-    w = torch.rand((1, 4, 1, 1), dtype=torch.float64) + 0.5
-    y = ops.normalize(x, (0, 2, 3), 1e-5, weight=w, bias=None)[0]
-    assert "Norm" not in y.grad_fn.name(), y.grad_fn.name()
+# Ops that torch deliberately runs as their derived composition in gradcheck.ops, with the reason.
+DERIVED_ON_TORCH = {
+    "normalize": "statistics over arbitrary axes have no torch kernel; the layers call batch_norm, layer_norm "
+                 "and group_norm, which run F.batch_norm, F.layer_norm and F.group_norm",
+}
 
 
-def test_every_op_is_implemented_natively():
-    missing = [name for name in ops.__all__ if not callable(getattr(to, name, None))]
+def _trace_dispatch(monkeypatch):
+    """Wrap every op of gradcheck.ops; record, per op, whether another op was dispatched inside it.
+
+    A derived body calls the other ops through gradcheck.ops' globals, so a
+    nested dispatch is exactly what running the composition looks like;
+    torch's own kernels dispatch nothing.
+    """
+    seen, composed, stack = set(), set(), []
+
+    def traced(name, fn):
+        @functools.wraps(fn)
+        def call(*args, **kwargs):
+            if stack:
+                composed.add(stack[-1])
+            seen.add(name)
+            stack.append(name)
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                stack.pop()
+
+        call.__wrapped__ = getattr(fn, "__wrapped__", fn)  # still the op's own body, as on the op
+        return call
+
+    for name in ops.__all__:
+        monkeypatch.setattr(ops, name, traced(name, getattr(ops, name)))
+    return seen, composed
+
+
+@pytest.mark.filterwarnings(SAME_EVEN)
+def test_every_op_is_implemented_natively(monkeypatch):
+    native = set(ops.__all__) - set(DERIVED_ON_TORCH)
+    # Defined in torch_ops itself (not imported there from elsewhere, e.g. the derived body).
+    missing = sorted(n for n in native if not callable(vars(to).get(n)) or vars(to)[n].__module__ != to.__name__)
     assert not missing, f"torch_ops lacks {missing}"
+    assert not set(DERIVED_ON_TORCH) & set(vars(to)), "an op listed in DERIVED_ON_TORCH is defined in torch_ops"
+    # ... and it runs torch's kernel: on torch tensors, no op of gradcheck.ops is dispatched inside it.
+    # (torch_ops.normalize passed the check above while it ran ops.normalize's composition.)
+    seen, composed = _trace_dispatch(monkeypatch)
+    for p in ROWS:
+        row = p.values[0]
+        row.fn(*_as_torch(row.inputs(np.float64, p.id)))
+    assert not native - seen, f"rows never dispatched {sorted(native - seen)}"
+    assert not composed & native, f"native on torch, but run as a composition of other ops: {sorted(composed & native)}"
+    assert composed >= set(DERIVED_ON_TORCH), "an op listed in DERIVED_ON_TORCH is no longer a composition"
 
 
 # ---------------------------------------------------------------- edges
@@ -445,6 +597,114 @@ def test_negative_control_gradient(monkeypatch):
     monkeypatch.setattr(to, "tanh", Tanh.apply)
     with pytest.raises(AssertionError, match="backward pass tensor 0"):
         compare_gradients(lambda x: ops.tanh(x), xs, "tanh perturbed")
+
+
+def test_batch_norm_eval_returns_the_running_statistics_unchanged():
+    x = torch.randn((2, 4, 3), dtype=torch.float64)
+    rm, rv = torch.as_tensor(RM4), torch.as_tensor(RV4)
+    _, m, v = ops.batch_norm(x, rm, rv, training=False)
+    assert m is rm and v is rv and torch.equal(rm, torch.as_tensor(RM4))
+    # Training: copies are updated (F.batch_norm writes in place) and returned; the inputs stay as they were.
+    _, m, v = ops.batch_norm(x, rm, rv, momentum=np.array(0.5))
+    assert torch.equal(rm, torch.as_tensor(RM4)) and torch.equal(rv, torch.as_tensor(RV4))
+    torch.testing.assert_close(m, 0.5 * rm + 0.5 * x.mean((0, 2)), rtol=1e-12, atol=0)
+    torch.testing.assert_close(v, 0.5 * rv + 0.5 * x.var((0, 2)), rtol=1e-12, atol=0)  # unbiased
+    assert ops.batch_norm(x)[1:] == (None, None)
+
+
+def test_embedding_padding_idx_is_f_embedding_when_the_padding_row_is_zero():
+    # F.embedding(padding_idx) returns the padding row's values and gives that row no gradient; the op's
+    # contract (ops.embedding) is zeros at padding positions.  With the zero row torch keeps there, F.embedding
+    # alone gives the op's output and gradients exactly; torch_ops zeroes the positions too, for any row.
+    rng = np.random.default_rng(5)
+    table = rng.standard_normal((7, 3))
+    r = torch.as_tensor(rng.standard_normal(IDS.shape + (3,)))
+    ids = torch.as_tensor(IDS)
+    for pad_row in (np.zeros(3), rng.standard_normal(3)):
+        table[6] = pad_row
+        grads = []
+        for fn in (lambda w: torch.nn.functional.embedding(ids, w, padding_idx=6), lambda w: ops.embedding(ids, w, 6),
+                   lambda w: ops.embedding.__wrapped__(ids, w, 6)):
+            w = torch.tensor(table, requires_grad=True)
+            out = fn(w)
+            (out * r).sum().backward()
+            grads.append((out.detach(), w.grad))
+        (f_out, f_grad), (op_out, op_grad), (derived_out, derived_grad) = grads
+        assert torch.equal(op_out, derived_out) and torch.equal(op_grad, derived_grad)
+        assert torch.equal(f_grad, derived_grad), "F.embedding gives the padding row no gradient"
+        assert not op_grad[6].any()
+        assert torch.equal(f_out, derived_out) == (not pad_row.any()), "F.embedding returns the padding row itself"
+
+
+class _Functional:
+    """torch.nn.functional with some functions replaced: what torch_ops sees as ``F``."""
+
+    def __init__(self, **replaced):
+        self.__dict__.update(replaced)
+
+    def __getattr__(self, name):
+        return getattr(torch.nn.functional, name)
+
+
+class _BatchNormNoMeanTerm(torch.autograd.Function):
+    """F.batch_norm (training) whose input gradient lacks its mean term: ``rstd * (g' - xhat * mean(g' xhat))``."""
+
+    calls = 0
+
+    @staticmethod
+    def forward(ctx, x, running_mean, running_var, weight, bias, training=False, momentum=0.1, eps=1e-5):
+        _BatchNormNoMeanTerm.calls += 1
+        assert training, "the control covers training mode"
+        y = torch.nn.functional.batch_norm(x, running_mean, running_var, weight, bias, True, momentum, eps)
+        ctx.save_for_backward(x, weight)
+        ctx.eps = eps
+        return y
+
+    @staticmethod
+    def backward(ctx, g):
+        x, weight = ctx.saved_tensors
+        axes = (0,) + tuple(range(2, x.ndim))
+        shape = (1, -1) + (1,) * (x.ndim - 2)
+        mean = x.mean(axes, keepdim=True)
+        rstd = torch.rsqrt(x.var(axes, keepdim=True, unbiased=False) + ctx.eps)
+        xhat = (x - mean) * rstd
+        gw = g * weight.reshape(shape)
+        gx = rstd * (gw - xhat * (gw * xhat).mean(axes, keepdim=True))  # the mean(gw) term left out
+        return gx, None, None, (g * xhat).sum(axes), g.sum(axes), None, None, None
+
+
+class _LinearBiasOff(torch.autograd.Function):
+    """F.linear whose bias gradient is off by a factor 1 + 1e-6."""
+
+    calls = 0
+
+    @staticmethod
+    def forward(ctx, x, weight, bias=None):
+        _LinearBiasOff.calls += 1
+        ctx.save_for_backward(x, weight)
+        return torch.nn.functional.linear(x, weight, bias)
+
+    @staticmethod
+    def backward(ctx, g):
+        x, weight = ctx.saved_tensors
+        g2, x2 = g.reshape(-1, g.shape[-1]), x.reshape(-1, x.shape[-1])
+        return g @ weight, g2.T @ x2, g2.sum(0) * (1 + 1e-6)
+
+
+@pytest.mark.parametrize("fn, xs, wrong, kernel, bad_tensor", [
+    (lambda x, w, b: ops.batch_norm(x, RM4, RV4, w, b)[0], [(3, 4, 5, 2), (4,), (4,)], _BatchNormNoMeanTerm,
+     "batch_norm", 0),
+    (lambda x, w, b: ops.linear(x, w, b), [(2, 3, 5), (4, 5), (4,)], _LinearBiasOff, "linear", 2),
+], ids=["batch_norm", "linear"])
+def test_negative_control_framework_kernel(fn, xs, wrong, kernel, bad_tensor, monkeypatch):
+    # torch_ops runs torch's own kernel, so a wrong backward in it shows in the float64 row check.
+    xs = [np.random.default_rng(3).uniform(0.5, 2.0, size=s) for s in xs]
+    compare_gradients(fn, xs, f"{kernel} control")
+    monkeypatch.setattr(to, "F", _Functional(**{kernel: wrong.apply}))
+    wrong.calls = 0
+    with pytest.raises(AssertionError, match=f"backward pass tensor {bad_tensor}"):
+        compare_gradients(fn, xs, f"{kernel} with a wrong backward")
+    assert wrong.calls, f"torch_ops.{kernel} did not call F.{kernel}"
 
 
 # ---------------------------------------------------------------- structure and buffers
@@ -588,6 +848,30 @@ def test_dtype_and_shape_helpers():
         (lambda x: ops.max_pool2d(x, 2), ValueError, "not NCHW"),
         (lambda x: ops.gelu(x, approximate="erf"), ValueError, "approximate='erf'"),
         (lambda x: ops.astype(x, object), TypeError, "no torch equivalent"),
+        # framework kernels: where torch's own message would be cryptic or missing
+        (lambda x: ops.linear(x, np.ones((4, 2))), ValueError, "in_features must match"),
+        (lambda x: ops.batch_norm(x, training=False), ValueError, "training=False needs running_mean"),
+        (lambda x: ops.batch_norm(x, np.zeros(3), None), ValueError, "both running_mean and running_var"),
+        (lambda x: ops.batch_norm(x, np.zeros(3), np.ones(3), momentum=None), ValueError, "1 / num_batches_tracked"),
+        (lambda x: ops.batch_norm(x, np.zeros(2), np.ones(2)), ValueError, r"expected \(3,\), one per channel"),
+        (lambda x: ops.batch_norm(x, x[0].detach().requires_grad_(), np.ones(3)), ValueError,
+         "no gradient for running_mean"),
+        (lambda x: ops.layer_norm(x, (2,)), ValueError, "does not end with normalized_shape"),
+        (lambda x: ops.group_norm(x, 2), ValueError, "divisible by num_groups=2"),
+        (lambda x: ops.scaled_dot_product_attention(x, x, x, attn_mask=np.ones((2, 2), bool), is_causal=True),
+         ValueError, "not both"),
+        (lambda x: ops.scaled_dot_product_attention(x, x, x, dropout_mask=np.array([[0.0, 2.0], [1.5, 2.0]])),
+         ValueError, "one keep factor"),
+        (lambda x: ops.scaled_dot_product_attention(x, x[:, :2], x), ValueError, r"expected \(..., L, E\)"),
+        (lambda x: ops.embedding(np.array([0, 3]), x), ValueError, r"ids range over \[0, 3\]"),
+        (lambda x: ops.embedding(np.array([0.0]), x), TypeError, "integer indices"),
+        (lambda x: ops.cross_entropy(x, np.array([0, 1, 2])), ValueError, "class-index targets of shape"),
+        (lambda x: ops.cross_entropy(x, np.array([0, 1]), reduction="avg"), ValueError, "reduction='avg'"),
+        (lambda x: ops.cross_entropy(x, np.array([0, 1]), weight=np.ones(2)), ValueError, "one per class"),
+        (lambda x: ops.nll_loss(x[0], np.array([0])), ValueError, r"expected \(N, C\)"),
+        (lambda x: ops.binary_cross_entropy_with_logits(x, np.zeros((2, 3)), weight=x.detach().requires_grad_()),
+         ValueError, "no gradient for weight"),
+        (lambda x: ops.binary_cross_entropy_with_logits(x, np.zeros(3)), ValueError, "must match the input"),
     ],
 )
 def test_precise_errors(call, error, match):

@@ -13,6 +13,7 @@ import pytest
 
 import gradcheck
 from gradcheck import ops
+from gradcheck.backends import get_backend
 from gradcheck.case import cast_floats
 from gradcheck.layers import (
     ELU,
@@ -108,7 +109,12 @@ def first(out):
 
 def check_against_torch(ours, theirs, inputs, mode="train", call=None, torch_call=None, grads=True,
                         rtol=1e-9, atol=1e-11):
-    """Forward (numpy float64 vs torch float64), buffers after the call, and tape vs torch gradients."""
+    """Forward (numpy float64 vs torch float64), buffers after the call, and tape vs torch gradients.
+
+    Our layer also runs on the torch backend (``F.linear``, ``F.batch_norm`` ...
+    through ``gradcheck.ops``): its gradients and buffers are held against
+    torch.nn's too.
+    """
     call = call or (lambda m, *xs: m(*xs))
     torch_call = torch_call or call
     ours = cast_floats(ours.train(mode == "train"), np.float64)
@@ -138,6 +144,20 @@ def check_against_torch(ours, theirs, inputs, mode="train", call=None, torch_cal
     for k, (g, tx) in enumerate(zip(g_inputs, ty_inputs)):
         if tx.is_floating_point():
             np.testing.assert_allclose(g, tx.grad.numpy(), rtol=1e-8, atol=1e-10, err_msg=f"tape vs torch gradient of input {k}")
+    # Our layer on the torch backend, against torch.nn.
+    ev = get_backend("torch").evaluate(lambda m, *xs: ops.sum(ops.mul(first(call(m, *xs)), r)), (fresh, *inputs))
+    if theirs is not None:
+        for p, tp in theirs.named_parameters():
+            want = tp.grad.numpy() if tp.grad is not None else np.zeros(tuple(tp.shape))
+            np.testing.assert_allclose(ev.grads[f"0.{p}"], want, rtol=1e-8, atol=1e-10,
+                                       err_msg=f"torch backend vs torch.nn gradient of {p}")
+        for p, tv in theirs.named_buffers():
+            np.testing.assert_allclose(ev.buffers[f"0.{p}"], tv.numpy(), rtol=rtol, atol=atol,
+                                       err_msg=f"torch backend vs torch.nn buffer {p} after forward")
+    for k, tx in enumerate(ty_inputs):
+        if tx.is_floating_point():
+            np.testing.assert_allclose(ev.grads[str(k + 1)], tx.grad.numpy(), rtol=1e-8, atol=1e-10,
+                                       err_msg=f"torch backend vs torch gradient of input {k}")
 
 
 def TORCH_SELF_ATTENTION(m, x):
@@ -274,6 +294,31 @@ def test_batchnorm_running_stats_after_one_train_forward():
     assert int(ours.num_batches_tracked) == int(theirs.num_batches_tracked) == 1
 
 
+@pytest.mark.parametrize("momentum", [0.2, None], ids=["momentum0.2", "momentum=None"])
+def test_batchnorm_running_stats_after_train_steps_match_torch_exactly(momentum):
+    # Three training steps: running statistics and num_batches_tracked on numpy, the tape and the torch
+    # backend (F.batch_norm) against torch.nn.BatchNorm2d, in float64.  momentum=None is the cumulative
+    # average, factor 1/num_batches_tracked after the increment.
+    theirs = nn.BatchNorm2d(3, momentum=momentum).double()
+    ours = {b: cast_floats(BatchNorm2d(3, momentum=momentum), np.float64) for b in ("numpy", "tape", "torch")}
+    for step in range(3):
+        x = rng(10 + step).standard_normal((4, 3, 5, 5)) * 2 + 1
+        theirs(torch.as_tensor(x))
+        ours["numpy"](x)  # updates the layer in place
+        for b in ("tape", "torch"):
+            ev = get_backend(b).evaluate(lambda m, x: ops.sum(m(x)), (ours[b], x))
+            for name in ("running_mean", "running_var", "num_batches_tracked"):
+                setattr(ours[b], name, ev.buffers[f"0.{name}"])
+        for b, m in ours.items():
+            # torch's own kernel, fed the same momentum, is bit for bit torch.nn's; the compositions round apart.
+            rtol = 0 if b == "torch" else 1e-14
+            for name in ("running_mean", "running_var"):
+                np.testing.assert_allclose(getattr(m, name), getattr(theirs, name).numpy(), rtol=rtol, atol=0,
+                                           err_msg=f"{b}: {name} after step {step + 1}")
+            assert int(m.num_batches_tracked) == int(theirs.num_batches_tracked) == step + 1, b
+            assert np.asarray(m.num_batches_tracked).dtype == np.int64, b
+
+
 def test_batchnorm_buffers_get_no_gradient_and_update_on_tape():
     bn = cast_floats(BatchNorm2d(2), np.float64)
     x = rng(4).standard_normal((3, 2, 2, 2))
@@ -305,6 +350,45 @@ def test_multihead_attention_masks_match_torch():
         torch_call=lambda m, q, k: m(q, k, k, attn_mask=torch.as_tensor(attn), key_padding_mask=torch.as_tensor(pad),
                                      need_weights=False)[0],
     )
+
+
+@pytest.mark.filterwarnings("ignore:Support for mismatched key_padding_mask and attn_mask is deprecated")
+@pytest.mark.parametrize("kind", ["bool+padding+causal", "float(N*heads)+padding"])
+def test_multihead_attention_masks_as_inputs_on_every_backend(kind):
+    # Masks passed as arguments reach each backend as its own arrays (torch: tensors, merged with
+    # torch ops; tape: tape tensors), then one merged mask goes to ops.scaled_dot_product_attention.
+    r = rng(8)
+    q, k = r.standard_normal((2, 4, 8)), r.standard_normal((2, 6, 8))
+    pad = np.zeros((2, 6), bool)
+    pad[0, 5] = pad[1, 3] = True  # with the causal mask, query 0 still sees key 0: no row is all masked
+    causal = kind.endswith("causal")
+    if kind.startswith("bool"):
+        attn = (r.random((4, 6)) > 0.6) & ~np.eye(4, 6, dtype=bool)  # True = masked, never a whole row
+        torch_attn = torch.as_tensor(attn | ~causal_mask(4, 6))
+    else:
+        attn = r.standard_normal((2 * 2, 4, 6))
+        torch_attn = torch.as_tensor(attn)
+    ours = cast_floats(MultiheadAttention(8, 2, causal=causal, rng=1), np.float64)
+    torch.manual_seed(0)
+    theirs = load_into_torch(ours, nn.MultiheadAttention(8, 2, batch_first=True).double())
+    tq, tk = to_torch(q, grad=True), to_torch(k, grad=True)
+    ty = theirs(tq, tk, tk, attn_mask=torch_attn, key_padding_mask=torch.as_tensor(pad), need_weights=False)[0]
+    cot = r.standard_normal(tuple(ty.shape))
+    (ty * torch.as_tensor(cot)).sum().backward()
+
+    def f(m, q, k, attn, pad):
+        return ops.sum(ops.mul(m(q, k, k, attn_mask=attn, key_padding_mask=pad), cot))
+
+    evs = {b: get_backend(b).evaluate(f, (ours, q, k, attn, pad)) for b in ("tape", "torch")}
+    for b, ev in evs.items():
+        np.testing.assert_allclose(ev.value, float((ty * torch.as_tensor(cot)).sum().detach()), rtol=1e-10,
+                                   err_msg=f"{b}: value")
+        for p, tp in theirs.named_parameters():
+            np.testing.assert_allclose(ev.grads[f"0.{p}"], tp.grad.numpy(), rtol=1e-8, atol=1e-10, err_msg=f"{b}: {p}")
+        for name, path, t in (("query", "1", tq), ("key", "2", tk)):
+            np.testing.assert_allclose(ev.grads[path], t.grad.numpy(), rtol=1e-8, atol=1e-10, err_msg=f"{b}: {name}")
+    if "3" in evs["torch"].grads:  # a float mask is an input too: its gradient agrees between the backends
+        np.testing.assert_allclose(evs["torch"].grads["3"], evs["tape"].grads["3"], rtol=1e-8, atol=1e-10)
 
 
 def test_multihead_attention_causal_and_weights_match_torch():

@@ -9,10 +9,23 @@ JAX's own conventions differ:
 * integer-array indexing: jax clamps out-of-bounds indices silently; numpy
   raises, and so do we whenever the index is a concrete array.
 
-Convolutions take their geometry (and its validation and error messages)
-from the numpy backend, so both backends accept and reject the same
-arguments.  This module is imported only when a jax array reaches an op or
-the jax backend is asked for.
+Activations are jax.nn's own (``jax.nn.elu`` included: its gradient at 0 is
+``alpha``, as torch's), except for the two kinks above.  Convolutions are
+``lax.conv_general_dilated`` and pools ``lax.reduce_window``; they take their
+geometry (and its validation and error messages) from the numpy backend, so
+both backends accept and reject the same arguments.
+
+The framework kernels (``linear``, the normalisations, attention,
+``embedding``, the losses) are written as the jax model libraries write
+them, each naming the library it follows: flax's ``Dense``, ``BatchNorm``,
+``RMSNorm`` and ``Embed``, equinox's ``LayerNorm`` and ``GroupNorm``,
+``jax.nn.dot_product_attention`` (flax's ``dot_product_attention`` where
+that cannot run: float64, a given dropout mask), optax's losses.  A check of
+them is then a check of what a jax model runs, not of a composition that
+agrees more easily.
+
+This module is imported only when a jax array reaches an op or the jax
+backend is asked for.
 """
 
 from __future__ import annotations
@@ -105,10 +118,9 @@ def leaky_relu(x, negative_slope=0.01):
 
 
 def elu(x, alpha=1.0):
-    # The inner where keeps expm1 away from large positive x, whose overflow
-    # would turn the unused branch's gradient into 0 * inf = nan.
-    positive = x > 0
-    return jnp.where(positive, x, alpha * jnp.expm1(jnp.where(positive, 0.0, x)))
+    # jax.nn.elu takes the expm1 branch at 0 (gradient alpha, as torch's
+    # elu_backward) and keeps expm1 away from large positive x.
+    return jax.nn.elu(x, alpha)
 
 
 def gelu(x, approximate="none"):
@@ -343,3 +355,410 @@ def avg_pool2d(x, kernel_size, stride=None, padding=0, count_include_pad=True):
     if not count_include_pad:
         scale = scale * kernels.avg_pool_correction(g)
     return _window_reduce(x, g, 0, lax.add) * jnp.asarray(scale, dtype=x.dtype)
+
+
+# ---------------------------------------------------------------- framework kernels
+# What the kernels call from jax, as module names: a test swaps one for a
+# version with a wrong backward and sees the checks fail, which shows the
+# backend routes through it.  jax.nn.dot_product_attention is jax >= 0.4.31.
+_attention = getattr(jax.nn, "dot_product_attention", None)
+_softmax = jax.nn.softmax
+_log_softmax = jax.nn.log_softmax
+_log_sigmoid = jax.nn.log_sigmoid
+_rsqrt = lax.rsqrt
+
+
+def _constant_like(c, x):
+    """A numpy (or Python) float constant in ``x``'s float dtype, as ``ops.asarray(c, like=x)``; jax arrays as given."""
+    if c is None or isinstance(c, jax.Array):
+        return c
+    c = np.asarray(c)
+    return jnp.asarray(c, dtype=x.dtype if c.dtype.kind == "f" and jnp.issubdtype(x.dtype, jnp.floating) else None)
+
+
+def _feature_shape(x):
+    """(1, C, 1, ...): a per-channel vector broadcast along axis 1 of an (N, C, ...) array."""
+    return (1, x.shape[1]) + (1,) * (x.ndim - 2)
+
+
+def linear(x, weight, bias=None):
+    """flax.linen.Dense: ``lax.dot_general`` contracting x's last axis, then the bias along the last axis.
+
+    The weight is torch's ``(out, in)``, so its axis 1 is contracted where
+    flax's ``(in, out)`` kernel contracts axis 0.
+    """
+    x, weight = _common_float(x, weight)
+    if weight.ndim not in (1, 2):
+        raise ValueError(f"linear: weight of shape {_shape(weight)}; expected (out, in) or (in,)")
+    if x.ndim == 0 or x.shape[-1] != weight.shape[-1]:
+        raise ValueError(f"linear: input of shape {_shape(x)} does not match weight {_shape(weight)}: "
+                         f"its last dim must be in={weight.shape[-1]}")
+    y = lax.dot_general(x, weight, (((x.ndim - 1,), (weight.ndim - 1,)), ((), ())), precision=_HIGHEST)
+    if bias is None:
+        return y
+    return y + jnp.reshape(bias, (1,) * (y.ndim - 1) + (-1,)) if y.ndim else y + bias
+
+
+def _flax_normalize(x, mean, var, eps, weight, bias):
+    """flax.linen.normalization._normalize: ``(x - mean) * (rsqrt(var + eps) * scale) + bias``."""
+    y = x - mean
+    mul = _rsqrt(var + eps)
+    if weight is not None:
+        mul = mul * weight
+    y = y * mul
+    return y if bias is None else y + bias
+
+
+def batch_norm(x, running_mean=None, running_var=None, weight=None, bias=None, training=True, momentum=0.1,
+               eps=1e-5):
+    """flax.linen.BatchNorm's formulation on torch's (N, C, ...) layout and torch's running-statistics rule.
+
+    Training: flax's ``_compute_stats`` with ``use_fast_variance=False``
+    (the mean, then the mean of squared deviations; flax's default
+    ``E[x^2] - E[x]^2`` loses float32 digits that the two-pass form keeps),
+    then ``_normalize``.  Evaluation: ``_normalize`` with the running
+    statistics.  The running statistics update as torch's (``momentum`` is the
+    weight of the new batch, the opposite of flax's, and the variance is
+    unbiased), under ``stop_gradient`` as torch updates them under no_grad,
+    and keep their own dtype; ``momentum`` may be a 0-d array.
+    """
+    if x.ndim < 2:
+        raise ValueError(f"batch_norm: input of shape {_shape(x)}; expected (N, C, ...)")
+    axes = (0,) + tuple(range(2, x.ndim))
+    fshape = _feature_shape(x)
+    w = None if weight is None else jnp.reshape(weight, fshape)
+    b = None if bias is None else jnp.reshape(bias, fshape)
+    if not training:
+        if running_mean is None or running_var is None:
+            raise ValueError("batch_norm: training=False needs running_mean and running_var")
+        y = _flax_normalize(x, jnp.reshape(running_mean, fshape), jnp.reshape(running_var, fshape), eps, w, b)
+        return y, running_mean, running_var
+    mean = jnp.mean(x, axis=axes, keepdims=True)
+    var = jnp.mean(lax.square(x - mean), axis=axes, keepdims=True)
+    y = _flax_normalize(x, mean, var, eps, w, b)
+    if running_mean is None or running_var is None:
+        return y, running_mean, running_var
+    n = int(np.prod([x.shape[a] for a in axes], dtype=np.int64))
+    m = momentum if isinstance(momentum, (int, float)) else jnp.asarray(momentum, dtype=jnp.result_type(running_mean))
+    mean, var = lax.stop_gradient(jnp.reshape(mean, (-1,))), lax.stop_gradient(jnp.reshape(var, (-1,)))
+    new_mean = running_mean * (1.0 - m) + mean * m
+    new_var = running_var * (1.0 - m) + var * (m * (n / (n - 1 if n > 1 else 1)))
+    return y, new_mean.astype(jnp.result_type(running_mean)), new_var.astype(jnp.result_type(running_var))
+
+
+def _trailing_axes(x, normalized_shape, name):
+    shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(int(d) for d in normalized_shape)
+    k = len(shape)
+    if k == 0 or k > x.ndim or _shape(x)[x.ndim - k:] != shape:
+        raise ValueError(f"{name}: normalized_shape {shape} is not the trailing shape of the input {_shape(x)}")
+    return tuple(range(x.ndim - k, x.ndim))
+
+
+def layer_norm(x, normalized_shape, weight=None, bias=None, eps=1e-5):
+    """equinox.nn.LayerNorm over the trailing ``normalized_shape`` dims (equinox vmaps over the rest).
+
+    ``jnp.mean``, ``jnp.var``, ``lax.rsqrt``; ``weight * out + bias``.
+    """
+    axes = _trailing_axes(x, normalized_shape, "layer_norm")
+    mean = jnp.mean(x, axis=axes, keepdims=True)
+    variance = jnp.var(x, axis=axes, keepdims=True)
+    inv = _rsqrt(variance + eps)
+    out = (x - mean) * inv
+    if weight is not None:
+        out = weight * out
+    if bias is not None:
+        out = out + bias
+    return out
+
+
+def group_norm(x, num_groups, weight=None, bias=None, eps=1e-5):
+    """equinox.nn.GroupNorm on (N, C, ...) (equinox's is per sample, (C, ...); here batched over N).
+
+    Channels split into ``num_groups`` groups; ``jnp.mean``/``jnp.var`` over
+    each group, ``lax.rsqrt``, then the per-channel ``weight * out + bias``.
+    """
+    if x.ndim < 2 or num_groups <= 0 or x.shape[1] % num_groups:
+        raise ValueError(f"group_norm: num_groups={num_groups} must divide the channels (axis 1) of the input "
+                         f"{_shape(x)}")
+    y = jnp.reshape(x, (x.shape[0], num_groups, x.shape[1] // num_groups) + _shape(x)[2:])
+    axes = tuple(range(2, y.ndim))
+    mean = jnp.mean(y, axis=axes, keepdims=True)
+    variance = jnp.var(y, axis=axes, keepdims=True)
+    inv = _rsqrt(variance + eps)
+    out = jnp.reshape((y - mean) * inv, x.shape)
+    if weight is not None:
+        out = jnp.reshape(weight, _feature_shape(x)) * out
+    if bias is not None:
+        out = out + jnp.reshape(bias, _feature_shape(x))
+    return out
+
+
+def rms_norm(x, normalized_shape, weight=None, eps=None):
+    """flax.linen.RMSNorm: ``_compute_stats(use_mean=False)`` (the mean of ``x^2``), then ``_normalize``.
+
+    ``x * (rsqrt(mean(x^2) + eps) * scale)``; ``eps=None`` is the dtype's
+    machine epsilon, as torch's.
+    """
+    axes = _trailing_axes(x, normalized_shape, "rms_norm")
+    eps = float(jnp.finfo(x.dtype).eps) if eps is None else eps
+    var = jnp.mean(lax.square(x), axis=axes, keepdims=True)
+    mul = _rsqrt(var + eps)
+    if weight is not None:
+        mul = mul * weight
+    return x * mul
+
+
+# -- attention ---------------------------------------------------------------
+def _is_bool(a) -> bool:
+    return np.dtype(a.dtype) == np.bool_
+
+
+def _heads_layout(batch):
+    """Our batch dims (..., L, E) as jax's (B, N): the last batch dim is the heads, the rest the batch."""
+    if len(batch) == 0:
+        return 1, 1
+    if len(batch) == 1:
+        return batch[0], 1
+    return int(np.prod(batch[:-1], dtype=np.int64)), batch[-1]
+
+
+def _to_btnh(t, batch, bn):
+    """(..., T, H) with batch dims broadcasting to ``batch`` -> jax's (B, T, N, H)."""
+    t = jnp.broadcast_to(t, batch + _shape(t)[-2:])
+    return jnp.swapaxes(jnp.reshape(t, bn + _shape(t)[-2:]), 1, 2)
+
+
+def _to_bnts(m, batch, bn):
+    """A mask or bias broadcastable to (..., L, S) -> 4-d, broadcastable to jax's (B, N, T, S)."""
+    m = jnp.asarray(m)
+    shape = (1,) * (len(batch) + 2 - m.ndim) + _shape(m)  # one entry per batch dim, then (L, S)
+    if len(batch) == 0:
+        return jnp.reshape(m, (1, 1) + shape)
+    if len(batch) == 1:  # the batch dim is B; jax's heads dim N is 1
+        return jnp.reshape(m, shape[:1] + (1,) + shape[1:])
+    if len(batch) == 2:  # size-1 dims keep broadcasting
+        return jnp.reshape(m, shape)
+    return jnp.reshape(jnp.broadcast_to(m, batch + shape[-2:]), bn + shape[-2:])
+
+
+def _flax_attention(q, k, v, bias, mask, dropout, scale):
+    """flax.linen.dot_product_attention in (B, T, N, H): einsums, ``where(mask, w, finfo.min)``, jax.nn.softmax.
+
+    The softmax runs in the inputs' dtype, and the dropout factors multiply
+    the weights, as flax's dropout does with its own Bernoulli mask.
+    """
+    dtype = q.dtype
+    q = q / jnp.sqrt(q.shape[-1]).astype(dtype) if scale is None else q * jnp.asarray(scale, dtype)
+    w = jnp.einsum("...qhd,...khd->...hqk", q, k, precision=_HIGHEST)
+    if bias is not None:
+        w = w + bias
+    if mask is not None:
+        w = jnp.where(mask, w, jnp.finfo(dtype).min)
+    w = _softmax(w).astype(dtype)
+    if dropout is not None:
+        w = w * dropout
+    return jnp.einsum("...hqk,...khd->...qhd", w, v, precision=_HIGHEST)
+
+
+def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_mask=None, is_causal=False,
+                                 scale=None):
+    """``jax.nn.dot_product_attention``, around torch's (..., L, E) layout.
+
+    Our batch dims become jax's (B, N) (the last one the heads) and the
+    arrays are transposed to its (B, T, N, H); a boolean ``attn_mask`` is
+    its ``mask`` (True attends, as torch), a float one its additive
+    ``bias``, both reshaped to 4-d (B, N, T, S) broadcasting; ``is_causal``
+    is its top-left causal mask, as torch's.
+
+    Where it cannot be used, flax.linen.dot_product_attention's composition
+    (``_flax_attention``, jax.nn.softmax) runs instead, in the same layout:
+    with a ``dropout_mask`` (jax.nn's attention takes no dropout); in
+    float64, because jax.nn.dot_product_attention always computes its softmax
+    in float32 (its outputs and gradients are then float32-accurate, ~6e-8
+    relative, and float64 is where the harness decides correctness; flax's
+    attention, the default of its MultiHeadDotProductAttention, keeps
+    float64); and when values and keys differ in head size (jax.nn's needs
+    them equal, torch's does not).
+
+    A query row whose boolean mask is all False gets the mean of the values
+    here (jax's and flax's masks are a large finite negative), NaN in torch.
+    """
+    if is_causal and attn_mask is not None:
+        raise ValueError("scaled_dot_product_attention: give attn_mask or is_causal=True, not both (as torch)")
+    dtype = jnp.result_type(query, key, value)
+    q, k, v = (jnp.asarray(t, dtype) for t in (query, key, value))
+    if q.ndim < 2 or k.ndim < 2 or v.ndim < 2:
+        raise ValueError(f"scaled_dot_product_attention: query {_shape(q)}, key {_shape(k)}, value {_shape(v)}; "
+                         "each must be (..., length, features)")
+    L, S = q.shape[-2], k.shape[-2]
+    extra = [_shape(m)[:-2] for m in (attn_mask, dropout_mask) if m is not None]
+    batch = tuple(jnp.broadcast_shapes(_shape(q)[:-2], _shape(k)[:-2], _shape(v)[:-2], *extra))
+    bn = _heads_layout(batch)
+    qb, kb, vb = _to_btnh(q, batch, bn), _to_btnh(k, batch, bn), _to_btnh(v, batch, bn)
+    mask = bias = None
+    if attn_mask is not None:
+        if _is_bool(attn_mask):
+            mask = _to_bnts(attn_mask, batch, bn)
+        else:
+            bias = _to_bnts(_constant_like(attn_mask, q), batch, bn)
+    use_kernel = (_attention is not None and dropout_mask is None and np.dtype(dtype).itemsize < 8
+                  and v.shape[-1] == q.shape[-1])
+    if use_kernel:
+        out = _attention(qb, kb, vb, bias=bias, mask=mask, scale=scale, is_causal=is_causal)
+    else:
+        if is_causal:
+            mask = jnp.asarray(np.tril(np.ones((L, S), dtype=bool)))[None, None]
+        dropout = None if dropout_mask is None else _to_bnts(_constant_like(dropout_mask, q), batch, bn)
+        out = _flax_attention(qb, kb, vb, bias, mask, dropout, scale)
+    return jnp.reshape(jnp.swapaxes(out, 1, 2), batch + (L, v.shape[-1]))
+
+
+# -- embedding ---------------------------------------------------------------
+def _check_integer(ids, name, what):
+    if not jnp.issubdtype(ids.dtype, jnp.integer):
+        raise TypeError(f"{name}: {what} of dtype {np.dtype(ids.dtype)}; expected an integer array")
+
+
+def embedding(ids, weight, padding_idx=None):
+    """flax.linen.Embed: ``jnp.take(weight, ids, axis=0)``, plus the contract's zeros at ``padding_idx``.
+
+    A negative ``padding_idx`` counts from the end, as torch's.  Concrete ids
+    outside ``[0, num)`` raise, as torch does; traced ones cannot be checked,
+    and give NaN rows (jnp.take's fill mode; negatives are sent out of range
+    first, since jnp.take would wrap them).
+    """
+    ids = jnp.asarray(ids) if isinstance(ids, (list, tuple)) else ids
+    _check_integer(ids, "embedding", "ids")
+    weight = jnp.asarray(weight)
+    num = weight.shape[0]
+    if not _is_traced(ids):
+        concrete = np.asarray(ids)
+        if concrete.size and (concrete.min() < 0 or concrete.max() >= num):
+            bad = concrete[(concrete < 0) | (concrete >= num)][0]
+            raise IndexError(f"embedding: id {int(bad)} is out of range for a table of {num} rows "
+                             f"(weight {_shape(weight)}); ids must be in [0, {num})")
+    out = jnp.take(weight, jnp.where(ids < 0, num, ids), axis=0, mode="fill")
+    if padding_idx is None:
+        return out
+    if not -num <= padding_idx < num:
+        raise ValueError(f"embedding: padding_idx={padding_idx} is out of range for a table of {num} rows")
+    pad = jnp.expand_dims(ids == (padding_idx % num), -1)
+    return jnp.where(pad, jnp.zeros((), out.dtype), out)
+
+
+# -- losses (optax's formulations, torch's arguments and reductions) ---------
+def _reduce_loss(loss, reduction, denominator=None):
+    if reduction == "none":
+        return loss
+    if reduction == "sum":
+        return jnp.sum(loss)
+    if reduction == "mean":
+        return jnp.mean(loss) if denominator is None else jnp.sum(loss) / denominator
+    raise ValueError(f"reduction={reduction!r}; expected 'mean', 'sum' or 'none'")
+
+
+def _class_targets(target, num_classes, ignore_index, name):
+    """(ignored, safe): where the label is ignored, and labels safe to gather with.
+
+    Ignored labels gather class 0 (their loss is masked out), so
+    ``ignore_index`` (-100 by default) never indexes; concrete labels out of
+    range raise, as torch's; traced ones are sent past the last class, where
+    jnp.take_along_axis's fill mode makes the loss NaN instead of clamping.
+    """
+    target = jnp.asarray(target) if isinstance(target, (list, tuple, np.ndarray)) else target
+    _check_integer(target, name, "target")
+    if not _is_traced(target):
+        t = np.asarray(target)
+        bad = (t != ignore_index) & ((t < 0) | (t >= num_classes))
+        if bad.any():
+            raise IndexError(f"{name}: target {int(t[bad][0])} is out of bounds for {num_classes} classes "
+                             f"(ignore_index={ignore_index}); targets must be in [0, {num_classes})")
+    ignored = target == ignore_index
+    safe = jnp.where(ignored, 0, jnp.where(target < 0, num_classes, target))
+    return ignored, safe
+
+
+def _nll(logp, target, weight, ignore_index, name):
+    """optax.softmax_cross_entropy_with_integer_labels' gather (``jnp.take_along_axis``) with torch's weights.
+
+    Returns the per-element loss (0 where ignored), each element's weight
+    (the target class's weight, 0 where ignored) and where it is ignored.
+    """
+    ignored, safe = _class_targets(target, logp.shape[1], ignore_index, name)
+    picked = jnp.take_along_axis(logp, jnp.expand_dims(safe, 1), axis=1, mode="fill")
+    nll = -jnp.squeeze(picked, 1)
+    keep = jnp.where(ignored, jnp.zeros((), logp.dtype), jnp.ones((), logp.dtype))
+    if weight is not None:
+        keep = keep * jnp.take(weight, safe, mode="fill")
+    return nll * keep, keep, ignored
+
+
+def _check_classes(x, name):
+    if x.ndim < 2:
+        raise ValueError(f"{name}: logits of shape {_shape(x)}; expected (N, C) or (N, C, d1, ...)")
+
+
+def cross_entropy(input, target, weight=None, ignore_index=-100, reduction="mean", label_smoothing=0.0):
+    """optax's cross-entropies on torch's (N, C, ...) layout, with torch's weights, ignore_index and smoothing.
+
+    Class indices: ``optax.softmax_cross_entropy_with_integer_labels`` as
+    ``jax.nn.log_softmax`` and ``jnp.take_along_axis``; probabilities:
+    ``optax.softmax_cross_entropy`` (``-sum(p * log_softmax)``), smoothed as
+    ``optax.smooth_labels``.  Label smoothing on class indices is torch's
+    ``(1 - eps) nll + eps / C * sum_c(-w_c log p_c)``, the second term
+    normalised, under "mean", by the same target-weight sum as the first;
+    that includes a class ``weight`` with smoothing, which the derived body
+    does not support.
+    """
+    _check_classes(input, "cross_entropy")
+    num_classes = input.shape[1]
+    logp = _log_softmax(input, axis=1)
+    w = None if weight is None else _constant_like(weight, input)
+    if jnp.issubdtype(jnp.result_type(target), jnp.floating):
+        if _shape(target) != _shape(input):
+            raise ValueError(f"cross_entropy: probability targets of shape {_shape(target)} must match "
+                             f"logits {_shape(input)}")
+        p = target
+        if label_smoothing:
+            p = p * (1.0 - label_smoothing) + label_smoothing / num_classes
+        terms = logp * p if w is None else logp * p * jnp.reshape(w, _feature_shape(input))
+        return _reduce_loss(-jnp.sum(terms, axis=1), reduction)  # "mean" over every element but the classes
+    loss, keep, ignored = _nll(logp, target, w, ignore_index, "cross_entropy")
+    denominator = jnp.sum(keep) if reduction == "mean" else None
+    if not label_smoothing:
+        return _reduce_loss(loss, reduction, denominator)
+    smooth = -jnp.sum(logp if w is None else logp * jnp.reshape(w, _feature_shape(input)), axis=1)
+    smooth = jnp.where(ignored, jnp.zeros((), smooth.dtype), smooth)
+    return (_reduce_loss(loss, reduction, denominator) * (1.0 - label_smoothing)
+            + _reduce_loss(smooth, reduction, denominator) * (label_smoothing / num_classes))
+
+
+def nll_loss(input, target, weight=None, ignore_index=-100, reduction="mean"):
+    """torch's nll_loss on log-probabilities (N, C, ...), gathered as optax gathers (``jnp.take_along_axis``)."""
+    _check_classes(input, "nll_loss")
+    w = None if weight is None else _constant_like(weight, input)
+    loss, keep, _ = _nll(input, target, w, ignore_index, "nll_loss")
+    return _reduce_loss(loss, reduction, jnp.sum(keep) if reduction == "mean" else None)
+
+
+def mse_loss(input, target, reduction="mean"):
+    """optax.squared_error (``(predictions - targets) ** 2``), reduced as torch's."""
+    errors = input - target
+    return _reduce_loss(errors**2, reduction)
+
+
+def binary_cross_entropy_with_logits(input, target, weight=None, reduction="mean", pos_weight=None):
+    """optax.sigmoid_binary_cross_entropy (``jax.nn.log_sigmoid`` of the logits and of their negatives).
+
+    ``-y log_sigmoid(x) - (1 - y) log_sigmoid(-x)``, torch's ``pos_weight``
+    scaling the first term and ``weight`` the whole.
+    """
+    log_p = _log_sigmoid(input)
+    log_not_p = _log_sigmoid(-input)
+    positive = target * log_p
+    if pos_weight is not None:
+        positive = _constant_like(pos_weight, input) * positive
+    loss = -positive - (1.0 - target) * log_not_p
+    if weight is not None:
+        loss = loss * _constant_like(weight, input)
+    return _reduce_loss(loss, reduction)

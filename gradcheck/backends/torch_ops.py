@@ -10,6 +10,16 @@ the dtype of the torch tensor it meets (a float64 scale must not turn a
 float32 activation into float64, which is what numpy-style promotion of two
 tensors would do); integer and bool constants keep their dtype.  Everything
 lands on the device of the tensor it meets.
+
+Every op runs torch's own function, the one a torch model calls: ``F.linear``,
+``F.batch_norm``, ``F.layer_norm``, ``F.group_norm``, ``F.rms_norm``,
+``F.scaled_dot_product_attention``, ``F.embedding``, the ``F`` losses,
+``F.conv*d``, the ``F`` activations and pools, ``torch.softmax`` ...  (tests
+check that none of them runs a composition of other ops).  The exceptions:
+``normalize`` (statistics over arbitrary axes, which torch has no kernel for;
+the layers call ``batch_norm``/``layer_norm``/``group_norm``) runs the derived
+composition in ``gradcheck.ops``; ``softmax``/``log_softmax`` over several axes
+at once are composed from ``torch.logsumexp`` (torch's take one dim).
 """
 
 from __future__ import annotations
@@ -325,24 +335,6 @@ def var(x, axis=None, keepdims=False, ddof=0):
     return _reduce(torch.var, x, axis, keepdims, correction=ddof)
 
 
-def normalize(x, axes, eps, weight=None, bias=None):
-    """The composition in ``gradcheck.ops``, in torch ops, deliberately not ``F.batch_norm``/``F.layer_norm``.
-
-    torch's fused kernels are far more accurate in float32 than any
-    composition: on ResNet-18 at 224x224 they put torch's float32 gradients
-    about 1e-5 (normwise) from its float64 ones, where the composition, in
-    torch as in jax, sits at 3e-3..1e-2.  The float32 noise probe measures
-    the tape and torch, not jax (a float64 jax run would compile again), and
-    takes torch's noise to stand for what a correct framework's float32
-    rounding does to each leaf; with the fused kernels it no longer stands
-    for jax's, and every leaf before a BatchNorm would be flagged on jax.
-    See docs/decisions.md.
-    """
-    from gradcheck import ops
-
-    return ops.normalize.__wrapped__(x, axes, eps, weight, bias)
-
-
 def max(x, axis=None, keepdims=False):
     # amax, not max: its gradient is split evenly at ties, as the tape's and jax's are.
     return _reduce(torch.amax, x, axis, keepdims)
@@ -360,7 +352,8 @@ def logsumexp(x, axis=None, keepdims=False):
 def softmax(x, axis=-1):
     if isinstance(axis, (int, np.integer)):
         return torch.softmax(x, dim=int(axis))
-    # numpy_ops accepts a tuple or None too: normalise over all those axes at once.
+    # numpy_ops accepts a tuple or None too: normalise over all those axes at once.  torch.softmax
+    # takes one dim, so this (deliberately) is a composition; layers use one axis.
     return torch.exp(x - logsumexp(x, axis=axis, keepdims=True))
 
 
@@ -605,3 +598,276 @@ def avg_pool2d(x, kernel_size, stride=None, padding=0, count_include_pad=True):
 def adaptive_avg_pool2d(x, output_size):
     _pool_input("adaptive_avg_pool2d", x)
     return F.adaptive_avg_pool2d(x, _int_or_tuple(output_size))
+
+
+# ---------------------------------------------------------------- framework kernels
+# The functions a torch model calls, run with torch's own kernels (never the
+# derived compositions in gradcheck.ops): a wrong backward in F.batch_norm or
+# F.linear is what gradcheck exists to catch.  Constants (integer targets,
+# class weights, masks) may be numpy arrays; they land on the input's device,
+# float ones in the input's dtype.
+def _float_tensor(name, x, ref=None):
+    """``x`` as a float tensor (a numpy constant takes ``ref``'s dtype and device)."""
+    x = _tensor(x, ref if ref is not None else _ref(x))
+    if not x.is_floating_point():
+        raise TypeError(f"{name}: expected a float array, got dtype {x.dtype}")
+    return x
+
+
+def _optional(x, ref):
+    return None if x is None else _tensor(x, ref)
+
+
+def _index_tensor(name, ids, ref) -> torch.Tensor:
+    """Integer ids or labels as the long tensor torch's kernels index with."""
+    ids = ids if isinstance(ids, torch.Tensor) else _numpy_to_torch(ids, ref.device)
+    if ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool:
+        raise TypeError(f"{name}: expected integer indices, got dtype {ids.dtype}")
+    return ids.to(device=ref.device, dtype=torch.long)
+
+
+def _no_gradient(name, what, t):
+    """torch's kernels treat some arguments as constants; a gradient asked of them would be an autograd error."""
+    if isinstance(t, torch.Tensor) and t.requires_grad:
+        raise ValueError(
+            f"{name}: torch gives no gradient for {what}; pass it as a constant (a numpy array, a buffer or "
+            "a frozen parameter)"
+        )
+
+
+def _reduction(name, reduction):
+    if reduction not in ("mean", "sum", "none"):
+        raise ValueError(f"{name}: reduction={reduction!r}; expected 'mean', 'sum' or 'none'")
+
+
+def linear(x, weight, bias=None):
+    ref = _ref(x, weight, bias)
+    x, weight, bias = _tensor(x, ref), _tensor(weight, ref), _optional(bias, ref)
+    if weight.ndim not in (1, 2) or x.shape[-1:] != weight.shape[-1:]:
+        raise ValueError(
+            f"linear: input {tuple(x.shape)} and weight {tuple(weight.shape)}: the weight is "
+            "(out_features, in_features) and its in_features must match the input's last dim"
+        )
+    return F.linear(x, weight, bias)
+
+
+def batch_norm(x, running_mean=None, running_var=None, weight=None, bias=None, training=True, momentum=0.1,
+               eps=1e-5):
+    x = _float_tensor("batch_norm", x)
+    if x.ndim < 2:
+        raise ValueError(f"batch_norm: input of shape {tuple(x.shape)}; expected (N, C, ...)")
+    if (running_mean is None) != (running_var is None):
+        raise ValueError("batch_norm: give both running_mean and running_var, or neither")
+    if not training and running_mean is None:
+        raise ValueError("batch_norm: training=False needs running_mean and running_var")
+    if momentum is None:
+        raise ValueError(
+            "batch_norm: momentum=None; pass the cumulative factor 1 / num_batches_tracked "
+            "(as torch.nn.BatchNorm does for momentum=None)"
+        )
+    c = x.shape[1]
+    for name, a in (("running_mean", running_mean), ("running_var", running_var), ("weight", weight),
+                    ("bias", bias)):
+        if a is not None and tuple(a.shape) != (c,):
+            raise ValueError(f"batch_norm: {name} of shape {tuple(a.shape)}; expected ({c},), one per channel")
+    weight, bias = _optional(weight, x), _optional(bias, x)
+    for name, a in (("running_mean", running_mean), ("running_var", running_var), ("momentum", momentum)):
+        _no_gradient("batch_norm", name, a)
+    if not training:
+        rm, rv = _tensor(running_mean, x), _tensor(running_var, x)
+        y = F.batch_norm(x, rm, rv, weight, bias, training=False, eps=float(eps))
+        return y, running_mean, running_var
+    if running_mean is None:
+        return F.batch_norm(x, None, None, weight, bias, training=True, eps=float(eps)), None, None
+    # F.batch_norm updates the running statistics in place: it gets copies, which are returned.
+    rm = _tensor(running_mean, x).detach().clone()
+    rv = _tensor(running_var, x).detach().clone()
+    # A 0-d array (the cumulative factor of momentum=None) becomes the Python float torch takes.
+    y = F.batch_norm(x, rm, rv, weight, bias, training=True, momentum=float(momentum), eps=float(eps))
+    return y, rm, rv
+
+
+def _trailing_shape(name, x, normalized_shape):
+    shape = (int(normalized_shape),) if isinstance(normalized_shape, (int, np.integer)) else tuple(
+        int(d) for d in normalized_shape)
+    if tuple(x.shape[x.ndim - len(shape):]) != shape or len(shape) > x.ndim:
+        raise ValueError(
+            f"{name}: input of shape {tuple(x.shape)} does not end with normalized_shape {shape}"
+        )
+    return shape
+
+
+def layer_norm(x, normalized_shape, weight=None, bias=None, eps=1e-5):
+    x = _float_tensor("layer_norm", x)
+    shape = _trailing_shape("layer_norm", x, normalized_shape)
+    return F.layer_norm(x, shape, _optional(weight, x), _optional(bias, x), eps=float(eps))
+
+
+def group_norm(x, num_groups, weight=None, bias=None, eps=1e-5):
+    x = _float_tensor("group_norm", x)
+    if x.ndim < 2 or x.shape[1] % int(num_groups):
+        raise ValueError(
+            f"group_norm: input of shape {tuple(x.shape)}; expected (N, C, ...) with C divisible by "
+            f"num_groups={num_groups}"
+        )
+    weight, bias = _optional(weight, x), _optional(bias, x)
+    if weight is None and bias is not None and bias.requires_grad:
+        # torch 2.13: F.group_norm's backward fails ("tensor does not have a device") for a bias that
+        # requires grad without a weight; the kernel normalises, the bias is added outside it.
+        return F.group_norm(x, int(num_groups), None, None, eps=float(eps)) + bias.reshape(
+            (-1,) + (1,) * (x.ndim - 2))
+    return F.group_norm(x, int(num_groups), weight, bias, eps=float(eps))
+
+
+def rms_norm(x, normalized_shape, weight=None, eps=None):
+    x = _float_tensor("rms_norm", x)
+    shape = _trailing_shape("rms_norm", x, normalized_shape)
+    # eps=None: torch, like the derived op, uses the input dtype's machine epsilon.
+    return F.rms_norm(x, shape, _optional(weight, x), eps=None if eps is None else float(eps))
+
+
+def _sdpa_dropout(dropout_mask, ref):
+    """The case's dropout factors (0 or 1/(1-p)) as aten's (keep mask, p)."""
+    factors = _const(dropout_mask, ref)
+    factors = factors if isinstance(factors, torch.Tensor) else torch.as_tensor(factors, device=ref.device)
+    kept = factors[factors != 0]
+    if kept.numel() == 0:
+        # Everything dropped: with no element kept any finite scale gives the zeros it must.
+        return torch.zeros(factors.shape, dtype=torch.bool, device=ref.device), 0.5
+    f = float(kept.reshape(-1)[0])
+    if not bool((kept == f).all()) or f < 1.0 or (f == 1.0 and kept.numel() < factors.numel()):
+        raise ValueError(
+            "scaled_dot_product_attention: dropout_mask must hold 0 and one keep factor 1/(1-p) >= 1 "
+            f"(dropout's), got values {torch.unique(factors).tolist()[:6]}"
+        )
+    return factors != 0, 1.0 - 1.0 / f
+
+
+def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_mask=None, is_causal=False,
+                                 scale=None):
+    ref = _ref(query, key, value)
+    q, k, v = _float_tensor("sdpa", query, ref), _float_tensor("sdpa", key, ref), _float_tensor("sdpa", value, ref)
+    if q.ndim < 2 or k.ndim < 2 or v.ndim < 2 or q.shape[-1] != k.shape[-1] or k.shape[-2] != v.shape[-2]:
+        raise ValueError(
+            f"scaled_dot_product_attention: query {tuple(q.shape)}, key {tuple(k.shape)}, value "
+            f"{tuple(v.shape)}; expected (..., L, E), (..., S, E) and (..., S, Ev)"
+        )
+    if is_causal and attn_mask is not None:
+        raise ValueError("scaled_dot_product_attention: give attn_mask or is_causal=True, not both (as torch)")
+    if attn_mask is not None:
+        attn_mask = _const(attn_mask, q)
+        if attn_mask.dtype != torch.bool:
+            attn_mask = attn_mask.to(q.dtype)  # torch takes a float mask in the query's dtype only
+    scale = None if scale is None else float(scale)
+    if dropout_mask is None:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=bool(is_causal), scale=scale)
+    # F.scaled_dot_product_attention draws its own dropout; its math kernel, which F.sdpa falls back
+    # to, takes a given one: a boolean keep mask (True = keep), the kept weights scaled by 1/(1-p),
+    # applied only when dropout_p > 0.  Unlike F.sdpa it adds a boolean attn_mask as 0/1 instead of
+    # masking, so a boolean mask goes in as the additive 0/-inf that F.sdpa makes of it.
+    keep, p = _sdpa_dropout(dropout_mask, q)
+    if attn_mask is not None and attn_mask.dtype == torch.bool:
+        attn_mask = torch.zeros(attn_mask.shape, dtype=q.dtype, device=q.device).masked_fill(~attn_mask, -np.inf)
+    out, _ = torch.ops.aten._scaled_dot_product_attention_math(
+        q, k, v, attn_mask, p, bool(is_causal), dropout_mask=keep, scale=scale
+    )
+    return out
+
+
+def embedding(ids, weight, padding_idx=None):
+    weight = _float_tensor("embedding", weight)
+    if weight.ndim != 2:
+        raise ValueError(f"embedding: weight of shape {tuple(weight.shape)}; expected (num_embeddings, dim)")
+    ids = _index_tensor("embedding", ids, weight)
+    num = weight.shape[0]
+    if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= num):
+        raise ValueError(
+            f"embedding: ids range over [{int(ids.min())}, {int(ids.max())}]; the table has {num} rows "
+            f"(ids must lie in [0, {num}))"
+        )
+    if padding_idx is None:
+        return F.embedding(ids, weight)
+    if not -num <= int(padding_idx) < num:
+        raise ValueError(f"embedding: padding_idx={padding_idx} is out of range for {num} rows")
+    pad = int(padding_idx) % num
+    out = F.embedding(ids, weight, padding_idx=pad)
+    # F.embedding returns the padding row's values and gives that row no gradient.  The op's
+    # contract is zeros at padding positions (the row torch keeps at zero); with a zero row the
+    # two agree, forward and backward, and zeroing the positions keeps them equal for any row.
+    return out.masked_fill((ids == pad).unsqueeze(-1), 0.0)
+
+
+def _class_weight(name, weight, x):
+    if weight is None:
+        return None
+    weight = _float_tensor(name, weight, x)
+    _no_gradient(name, "the class weight", weight)
+    if tuple(weight.shape) != (x.shape[1],):
+        raise ValueError(f"{name}: weight of shape {tuple(weight.shape)}; expected ({x.shape[1]},), one per class")
+    return weight
+
+
+def cross_entropy(input, target, weight=None, ignore_index=-100, reduction="mean", label_smoothing=0.0):
+    x = _float_tensor("cross_entropy", input, _ref(input, target))
+    if x.ndim < 2:
+        raise ValueError(f"cross_entropy: logits of shape {tuple(x.shape)}; expected (N, C) or (N, C, d1, ...)")
+    _reduction("cross_entropy", reduction)
+    w = _class_weight("cross_entropy", weight, x)
+    probabilities = (target.is_floating_point() if isinstance(target, torch.Tensor)
+                     else np.asarray(target).dtype.kind == "f")
+    if probabilities:
+        target = _float_tensor("cross_entropy", target, x)
+        if target.shape != x.shape:
+            raise ValueError(
+                f"cross_entropy: probability targets of shape {tuple(target.shape)} must match logits {tuple(x.shape)}"
+            )
+    else:
+        target = _index_tensor("cross_entropy", target, x)
+        if tuple(target.shape) != tuple(x.shape[:1] + x.shape[2:]):
+            raise ValueError(
+                f"cross_entropy: class-index targets of shape {tuple(target.shape)}; logits {tuple(x.shape)} "
+                f"need {tuple(x.shape[:1] + x.shape[2:])}"
+            )
+    return F.cross_entropy(x, target, weight=w, ignore_index=int(ignore_index), reduction=reduction,
+                           label_smoothing=float(label_smoothing))
+
+
+def nll_loss(input, target, weight=None, ignore_index=-100, reduction="mean"):
+    x = _float_tensor("nll_loss", input, _ref(input, target))
+    if x.ndim < 2:
+        raise ValueError(f"nll_loss: log-probabilities of shape {tuple(x.shape)}; expected (N, C) or (N, C, d1, ...)")
+    _reduction("nll_loss", reduction)
+    target = _index_tensor("nll_loss", target, x)
+    if tuple(target.shape) != tuple(x.shape[:1] + x.shape[2:]):
+        raise ValueError(
+            f"nll_loss: targets of shape {tuple(target.shape)}; input {tuple(x.shape)} needs "
+            f"{tuple(x.shape[:1] + x.shape[2:])}"
+        )
+    return F.nll_loss(x, target, weight=_class_weight("nll_loss", weight, x), ignore_index=int(ignore_index),
+                      reduction=reduction)
+
+
+def mse_loss(input, target, reduction="mean"):
+    ref = _ref(input, target)
+    x, t = _float_tensor("mse_loss", input, ref), _float_tensor("mse_loss", target, ref)
+    _reduction("mse_loss", reduction)
+    if x.shape != t.shape:
+        # The derived op broadcasts; F.mse_loss does too, with a warning that it does.
+        x, t = torch.broadcast_tensors(x, t)
+    return F.mse_loss(x, t, reduction=reduction)
+
+
+def binary_cross_entropy_with_logits(input, target, weight=None, reduction="mean", pos_weight=None):
+    ref = _ref(input, target, weight, pos_weight)
+    x, t = _float_tensor("binary_cross_entropy_with_logits", input, ref), _float_tensor(
+        "binary_cross_entropy_with_logits", target, ref)
+    _reduction("binary_cross_entropy_with_logits", reduction)
+    if t.shape != x.shape:
+        raise ValueError(
+            f"binary_cross_entropy_with_logits: target of shape {tuple(t.shape)} must match the input {tuple(x.shape)}"
+        )
+    w = None if weight is None else _float_tensor("binary_cross_entropy_with_logits", weight, x)
+    pw = None if pos_weight is None else _float_tensor("binary_cross_entropy_with_logits", pos_weight, x)
+    _no_gradient("binary_cross_entropy_with_logits", "weight", w)
+    _no_gradient("binary_cross_entropy_with_logits", "pos_weight", pw)
+    return F.binary_cross_entropy_with_logits(x, t, weight=w, reduction=reduction, pos_weight=pw)

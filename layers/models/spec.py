@@ -75,7 +75,7 @@ class ModelSpec:
         input_shape = tuple(input_shape) if input_shape else self.default_input_shape(**settings)
         shape_txt = "x".join(map(str, input_shape))
         return Case(
-            name=name or f"{self.name}[{shape_txt},b{batch}]-{dtype}",
+            name=name or f"{self.name}[{shape_txt},b{batch}]",
             build=lambda rng: self.build(rng, **settings),
             inputs=lambda rng: self.inputs(rng, batch, input_shape, **settings),
             dtype=dtype,
