@@ -7,14 +7,14 @@ checks run in order and the first that fails decides the verdict:
 1. structure: every backend gives an array (and none gives one where none is
    expected), with the same shape and the expected dtype      -> ``structural``
 2. finiteness: NaN/Inf where another backend is finite        -> ``nonfinite``
-3. values: every pair within tolerance                        -> ``disagree``
-4. substance: the gradient is not zero on every backend       -> ``vacuous``
+3. substance: the gradient is not zero on every backend       -> ``vacuous``
+4. values: every pair within tolerance                        -> ``disagree``
 
-Blame names the backend(s) that are the odd one out.  When the float64
-referee checked the leaf, its verdict settles it: a backend whose directional
-derivative misses the finite difference is wrong.  Otherwise a backend that
-disagrees with every other backend while those agree among themselves is
-blamed; with only two backends and no referee nobody can be blamed.
+Check 3 comes before the values' verdict is final because a vacuous leaf is
+only known once every backend's array has been seen.  Values leave the leaf
+``agree`` or ``disagree`` as the pairs say; who is to blame is decided
+afterwards, with the referee's checks, by ``gradcheck.verdict.decide``
+(``judge_leaf`` does both).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from gradcheck.results import LeafResult, PairResult, RefereeCheck, worst_verdict
+from gradcheck.results import LeafResult, PairResult, RefereeCheck
 from gradcheck.tolerance import ResolvedTolerance, ToleranceRules
 
 # The order in which backends act as the reference of a pair.
@@ -38,19 +38,19 @@ MISSING = object()  # a backend that gave no array for a leaf
 VACUOUS_REL = {"float32": 1e-5, "float64": 1e-11}
 
 
-def _order(name: str) -> int:
+def order(name: str) -> int:
     return REFERENCE_ORDER.index(name) if name in REFERENCE_ORDER else len(REFERENCE_ORDER)
 
 
-def pair_stats(a: np.ndarray, b: np.ndarray, tol: ResolvedTolerance, scale: float, backend: str, reference: str,
-               noise: float | None = None) -> PairResult:
+def pair_stats(a: np.ndarray, b: np.ndarray, tol: ResolvedTolerance, scale: float, backend: str,
+               reference: str) -> PairResult:
     """How far ``a`` (backend) is from ``b`` (reference).
 
     The elementwise numbers (mismatched count, max abs/rel and where) are
     always computed; the verdict and the headroom follow the tolerance's
     criterion (see ``gradcheck.tolerance``).
     """
-    return _pair(_Operand(a), _Operand(b), tol, scale, backend, reference, noise)[0]
+    return _pair(_Operand(a), _Operand(b), tol, scale, backend, reference)[0]
 
 
 def _dot(a: np.ndarray, b: np.ndarray) -> float:
@@ -96,8 +96,8 @@ def _ratio(diff: np.ndarray, allowed: np.ndarray, nonzero: np.ndarray) -> np.nda
         return np.divide(diff, allowed, out=np.zeros_like(diff), where=nonzero)
 
 
-def _pair(a: _Operand, b: _Operand, tol: ResolvedTolerance, scale: float, backend: str, reference: str,
-          noise: float | None) -> tuple[PairResult, Callable[[], np.ndarray]]:
+def _pair(a: _Operand, b: _Operand, tol: ResolvedTolerance, scale: float, backend: str,
+          reference: str) -> tuple[PairResult, Callable[[], np.ndarray]]:
     """The pair's result, and a function giving its elementwise error ratios (for the worst-element table).
 
     The ratios are materialised only where the verdict needs them (the
@@ -125,7 +125,7 @@ def _pair(a: _Operand, b: _Operand, tol: ResolvedTolerance, scale: float, backen
     out.rel_err_norm = nd / nb if nb > 0 else (0.0 if nd == 0 else float("inf"))
     out.cosine = _dot(a.v.ravel(), b.v.ravel()) / (na * nb) if na > 0 and nb > 0 else float(na == nb)
     if tol.criterion == "norm":
-        limit = tol.norm_limit(noise)
+        limit = tol.norm_rtol
         out.headroom = out.rel_err_norm / limit if limit > 0 else (0.0 if nd == 0 else float("inf"))
         failed = out.headroom > 1.0
         what = f"relative error norm {out.rel_err_norm:.3g} > {limit:.3g}"
@@ -142,16 +142,26 @@ def _pair(a: _Operand, b: _Operand, tol: ResolvedTolerance, scale: float, backen
 
 def judge_leaf(path: str, role: str, arrays: dict, *, dtype: str, rules: ToleranceRules, layer: str = "",
                expect_array: bool = True, referee: list[RefereeCheck] | None = None,
-               case_scale: float = 0.0, noise: float | None = None) -> LeafResult:
+               case_scale: float = 0.0) -> LeafResult:
+    """Compare one leaf across backends and decide it (``compare_leaf``, then ``verdict.decide``)."""
+    from gradcheck import verdict
+
+    leaf = compare_leaf(path, role, arrays, dtype=dtype, rules=rules, layer=layer, expect_array=expect_array,
+                        case_scale=case_scale)
+    return verdict.decide(leaf, sorted(arrays, key=order), referee)
+
+
+def compare_leaf(path: str, role: str, arrays: dict, *, dtype: str, rules: ToleranceRules, layer: str = "",
+                 expect_array: bool = True, case_scale: float = 0.0) -> LeafResult:
     """Compare one leaf across backends. ``arrays`` maps backend -> array, None or MISSING.
 
     ``case_scale`` is the largest gradient entry of the whole case, against
-    which a leaf's gradient is judged vacuous (see ``VACUOUS_REL``); ``noise``
-    the leaf's measured float32 rounding noise (normwise), which widens a
-    normwise tolerance.
+    which a leaf's gradient is judged vacuous (see ``VACUOUS_REL``).  The
+    leaf comes back ``agree`` or ``disagree`` as its pairs say (or with the
+    verdict of a failed earlier check); blame is ``verdict.decide``'s.
     """
-    leaf = LeafResult(path=path, role=role, layer=layer, dtype=dtype, referee=list(referee or []))
-    names = sorted(arrays, key=_order)
+    leaf = LeafResult(path=path, role=role, layer=layer, dtype=dtype)
+    names = sorted(arrays, key=order)
     given = {n: np.asarray(arrays[n]) for n in names if arrays[n] is not None and arrays[n] is not MISSING}
     if given:
         leaf.shape = list(next(iter(given.values())).shape)
@@ -169,16 +179,16 @@ def judge_leaf(path: str, role: str, arrays: dict, *, dtype: str, rules: Toleran
     maxes = sorted(float(np.max(w.abs)) if w.v.size else 0.0 for w in operands.values())
     scale = maxes[len(maxes) // 2] if len(maxes) % 2 else 0.5 * (maxes[len(maxes) // 2 - 1] + maxes[len(maxes) // 2])
     base_tol = rules.resolve(path, dtype, layer)
-    leaf.tolerance = base_tol.record(scale, noise)
+    leaf.tolerance = base_tol.record(scale)
     ratios_of = []  # per pair: a function computing its elementwise error ratios
     for x, y in itertools.combinations(names, 2):
-        backend, reference = (y, x) if _order(x) <= _order(y) else (x, y)
+        backend, reference = (y, x) if order(x) <= order(y) else (x, y)
         tol = rules.resolve(path, dtype, layer, (backend, reference))
-        pair, ratios = _pair(operands[backend], operands[reference], tol, scale, backend, reference, noise)
+        pair, ratios = _pair(operands[backend], operands[reference], tol, scale, backend, reference)
         leaf.pairs.append(pair)
         ratios_of.append(ratios)
         if tol.rules != base_tol.rules:
-            leaf.tolerance = tol.record(scale, noise)
+            leaf.tolerance = tol.record(scale)
     if leaf.pairs:
         worst = max(range(len(leaf.pairs)), key=lambda k: leaf.pairs[k].headroom)
         _attach_worst(leaf, given, leaf.pairs[worst], ratios_of[worst]())
@@ -189,7 +199,7 @@ def judge_leaf(path: str, role: str, arrays: dict, *, dtype: str, rules: Toleran
         leaf.message = (f"the gradient is ~0 on every backend (max |g| = {maxes[-1]:.3g}, the case's largest is "
                         f"{case_scale:.3g}): this leaf checks nothing")
         return leaf
-    _blame(leaf, names)
+    leaf.verdict = "disagree" if any(p.verdict == "disagree" for p in leaf.pairs) else "agree"
     return leaf
 
 
@@ -218,7 +228,7 @@ def _structure(leaf: LeafResult, names, arrays, given, expect_array, dtype) -> b
             blame.append(n)
     if problems:
         leaf.verdict = "structural"
-        leaf.blame = sorted(set(blame), key=_order)
+        leaf.blame = sorted(set(blame), key=order)
         leaf.message = "; ".join(problems)
         return True
     leaf.verdict = "agree" if expect_array else "skipped"
@@ -232,7 +242,7 @@ def _nonfinite(leaf: LeafResult, given, finite) -> LeafResult:
         leaf.message = (f"every backend gives NaN/Inf at the same {next(iter(bad.values()))} element(s): "
                         "the function itself is not finite here, so this leaf cannot be checked")
     else:
-        leaf.blame = sorted(bad, key=_order)
+        leaf.blame = sorted(bad, key=order)
         leaf.message = ", ".join(f"{n}: {k} NaN/Inf" for n, k in bad.items()) + " (policy: any NaN/Inf "
         leaf.message += "where another backend is finite is that backend's fault)"
     return leaf
@@ -260,59 +270,6 @@ def _attach_worst(leaf: LeafResult, given, worst: PairResult, ratio: np.ndarray)
     counts = np.bincount(bins, minlength=n_bins)
     leaf.histogram = {"edges": HIST_EDGES, "counts": [int(c) for c in counts],
                       "pair": [worst.backend, worst.reference]}
-
-
-def _blame(leaf: LeafResult, names) -> None:
-    disagreeing = [p for p in leaf.pairs if p.verdict == "disagree"]
-    ref_wrong = [r.backend for r in leaf.referee if r.stable and not r.agrees]
-    if not disagreeing and not ref_wrong:
-        leaf.verdict = "agree"
-        return
-    leaf.verdict = "disagree"
-    if ref_wrong and len(ref_wrong) < len(names):
-        leaf.blame = sorted(ref_wrong, key=_order)
-    else:
-        leaf.blame = _odd_one_out(names, leaf.pairs)
-    stable = any(r.stable for r in leaf.referee)
-    right = [n for n in names if n not in leaf.blame] + (["referee"] if stable and ref_wrong else [])
-    if leaf.blame and right:
-        leaf.message = f"{', '.join(leaf.blame)}: {_and(right)} agree"
-    elif leaf.blame:
-        leaf.message = f"{', '.join(leaf.blame)}: wrong by the referee"
-    else:
-        leaf.message = (f"{_and(names)} disagree and no majority or referee decides "
-                        "(run with the referee or a third backend)")
-    worst = max(leaf.pairs, key=lambda p: p.headroom, default=None)
-    if worst is not None and worst.verdict == "disagree":
-        leaf.message += f" — {worst.message}"
-
-
-def _odd_one_out(names, pairs) -> list[str]:
-    agree = {n: set() for n in names}
-    for p in pairs:
-        if p.verdict == "agree":
-            agree[p.backend].add(p.reference)
-            agree[p.reference].add(p.backend)
-    best = max(len(v) for v in agree.values())
-    if best == 0:
-        return [] if len(names) <= 2 else list(names)
-    return sorted((n for n in names if len(agree[n]) < best), key=_order)
-
-
-def _and(items) -> str:
-    items = list(items)
-    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
-
-
-def case_verdict(leaves: list[LeafResult], errors: dict) -> str:
-    """The worst leaf verdict; a vacuous leaf only decides when every gradient leaf is vacuous."""
-    verdicts = [leaf.verdict for leaf in leaves if leaf.verdict != "vacuous"]
-    if errors:
-        verdicts.append("error")
-    grads = [leaf for leaf in leaves if leaf.role in ("param", "input")]
-    if grads and all(leaf.verdict == "vacuous" for leaf in grads):
-        verdicts.append("vacuous")
-    return worst_verdict(verdicts)
 
 
 def first_in_backward_order(leaves: list[LeafResult]) -> str | None:

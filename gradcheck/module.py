@@ -22,8 +22,10 @@ them (``layer1.0.conv1.weight``).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import fnmatch
+import functools
 
 import numpy as np
 
@@ -54,6 +56,62 @@ def child(default=None, inline: bool = False):
     return _field(CHILD, default, inline=inline)
 
 
+# The modules being called, innermost last, while someone listens (``calls``); None otherwise, so that a
+# call costs one check.  Kink reports name the layer they happen in from it.
+_calls: list | None = None
+
+
+@contextlib.contextmanager
+def calls():
+    """Within the block, ``current_calls()`` lists the modules being called, innermost last."""
+    global _calls
+    previous, _calls = _calls, []
+    try:
+        yield _calls
+    finally:
+        _calls = previous
+
+
+def current_calls() -> list:
+    return _calls if _calls is not None else []
+
+
+# Wraps every module call while set (``intercepting``); None otherwise.  The per-layer replay
+# (gradcheck.localise) records each layer's inputs and outputs with it.
+_around = None
+
+
+@contextlib.contextmanager
+def intercepting(around):
+    """Within the block, every module call runs as ``around(module, run, args, kwargs)``; ``run(*args, **kwargs)`` is the call."""
+    global _around
+    previous, _around = _around, around
+    try:
+        yield
+    finally:
+        _around = previous
+
+
+def _tracked(call):
+    @functools.wraps(call)
+    def tracked_call(self, *args, **kwargs):
+        stack, around = _calls, _around
+        if stack is None and around is None:
+            return call(self, *args, **kwargs)
+        if stack is not None:
+            stack.append(self)
+        try:
+            if around is None:
+                return call(self, *args, **kwargs)
+            return around(self, functools.partial(call, self), args, kwargs)
+        finally:
+            if stack is not None:
+                stack.pop()
+
+    tracked_call.tracked = True
+    return tracked_call
+
+
 class Module:
     """Base class of layers and models; subclasses become dataclasses automatically."""
 
@@ -63,6 +121,9 @@ class Module:
         super().__init_subclass__(**kwargs)
         custom_init = any("__init__" in k.__dict__ for k in cls.__mro__ if k not in (Module, object))
         dataclasses.dataclass(cls, init=not custom_init, repr=False, eq=False)
+        own_call = cls.__dict__.get("__call__")
+        if own_call is not None and not getattr(own_call, "tracked", False):
+            cls.__call__ = _tracked(own_call)
 
     # -- structure ---------------------------------------------------------
     def field_kinds(self):

@@ -1,17 +1,36 @@
-"""The float64 finite-difference referee.
+"""The float64 finite-difference referee, with a tolerance derived from its own error.
 
 For a leaf θ and a random direction v (one standard normal per element, from
 the case seed), central differences of the float64 loss give the directional
-derivative ``(L(θ + h v) - L(θ - h v)) / 2h`` in two forward passes, whatever
-the size of θ.  Each backend's gradient g answers with ``<g, v>``; a backend
-whose answer misses the finite difference is wrong about that leaf.  The
-forward runs on plain numpy (gradcheck's own ops with no tape), so the referee
-depends on no framework.
+derivative ``D(h) = (L(θ + h v) - L(θ - h v)) / 2h``, whatever the size of θ.
+Each backend's float64 gradient g answers with ``<g, v>``; a backend whose
+answer misses the finite difference by more than the referee's resolution is
+wrong about that leaf.  The forward runs on plain numpy (gradcheck's own ops
+with no tape), so the referee depends on no framework.
 
-Cost: two float64 forward passes per leaf checked (ResNet-18: 63 leaves, 126
-passes — against 11.7 M passes for a full finite-difference Jacobian).  A
-*joint* check perturbs every trainable leaf at once along one direction: two
-passes for the whole model, used when checking each leaf would be too slow.
+**Resolution.**  The referee takes the difference at two steps, h and 2h.
+Its truncation error is ``c h^2`` at h and ``4 c h^2`` at 2h, and its
+rounding error about ``eps |L| / h``; ``|D(h) - D(2h)|`` therefore measures
+both at this point (it is ``3 c h^2`` plus the rounding of two differences),
+and a floor of ``ROUNDING * eps * sum|r o| / h`` (the loss's own terms)
+covers the case where the two happen to agree by luck.  The resolution is
+``SAFETY`` times the larger of the two, plus ``rtol`` of the answer's scale;
+every check records it.
+
+**Kinks.**  A step that moves a relu input or a max-pool window across its
+kink measures a derivative that is no one's.  The loss function may report,
+with each value, how many kink decisions differ from the float64 reference
+forward's (``gradcheck.kinks``); a step that crosses one is shrunk
+(``SHRINK``, up to ``RETRIES`` times) until it crosses none, and if it
+cannot, the referee abstains (``stable=False``).  It also abstains when the
+two steps differ by more than ``UNSTABLE`` of the answer's scale (BatchNorm
+over a handful of values): it never blames anyone on a derivative it could
+not take.
+
+Cost: four float64 forward passes per leaf checked (ResNet-18: 63 leaves,
+252 passes, against 11.7 M passes for a full finite-difference Jacobian).  A
+*joint* check perturbs every trainable leaf at once along one direction:
+four passes for the whole model, used when checking each leaf would be too slow.
 """
 
 from __future__ import annotations
@@ -22,12 +41,18 @@ import numpy as np
 
 from gradcheck.results import RefereeCheck
 
-# float64 step along a standard-normal direction.  Rounding costs about
-# eps * sum|terms| / h, negligible in float64 even at 1e-8; a larger step
-# crosses relu and max-pool kinks: on ResNet-18 at 224x224, h = 1e-6 moved
-# enough pre-activations across 0 to put early leaves' differences 1-10% off
-# (and unstable under doubling), while h = 1e-8 agrees on all 63 leaves.
+# float64 step along a standard-normal direction.  A larger step crosses relu and max-pool kinks: on
+# ResNet-18 at 224x224, h = 1e-6 moved enough pre-activations across 0 to put early leaves' differences
+# 1-10% off, while at 1e-8 rounding (eps * |L| / h, about 1e-8 of the loss's terms) still leaves
+# resolution to spare.
 STEP = 1e-8
+PASSES = 4  # float64 forward passes per check: +-h and +-2h
+EPS = float(np.finfo(np.float64).eps)
+ROUNDING = 16.0  # the rounding floor's multiple of eps * sum|r o| / h (a forward of depth ~50 loses a few bits)
+SAFETY = 4.0
+UNSTABLE = 1e-2
+SHRINK = 16.0
+RETRIES = 3
 
 
 def directions(leaves: dict[str, np.ndarray], seed: int) -> dict[str, np.ndarray]:
@@ -45,68 +70,65 @@ def step_for(value: np.ndarray) -> float:
     return STEP * max(1.0, scale)
 
 
+def _value(out) -> tuple[float, int]:
+    """A loss function's answer: the loss, or ``(loss, kink decisions that differ from the reference's)``."""
+    if isinstance(out, tuple):
+        return float(out[0]), int(out[1])
+    return float(out), 0
+
+
 def numeric_directional(loss64: Callable[[dict], float], point: dict[str, np.ndarray],
                         direction: dict[str, np.ndarray], scale: float = 1.0) -> float:
     """Central difference of ``loss64`` at ``point`` along ``direction`` (which may cover several leaves)."""
-    h = scale * min(step_for(point[p]) for p in direction)
-    plus = {p: point[p] + h * v for p, v in direction.items()}
-    minus = {p: point[p] - h * v for p, v in direction.items()}
-    return (float(loss64(plus)) - float(loss64(minus))) / (2 * h)
+    return _central(loss64, point, direction, scale * min(step_for(point[p]) for p in direction))[0]
+
+
+def _central(loss64, point, direction, h) -> tuple[float, int]:
+    """The central difference at step ``h``, and how many kink decisions its two points crossed."""
+    plus, crossed_plus = _value(loss64({p: point[p] + h * v for p, v in direction.items()}))
+    minus, crossed_minus = _value(loss64({p: point[p] - h * v for p, v in direction.items()}))
+    return (plus - minus) / (2 * h), crossed_plus + crossed_minus
 
 
 def check(loss64: Callable[[dict], float], point: dict[str, np.ndarray], direction: dict[str, np.ndarray],
-          grads: dict[str, dict[str, np.ndarray]], rtol: float,
-          noise: dict[str, float] | None = None) -> tuple[list[RefereeCheck], int]:
+          grads: dict[str, dict[str, np.ndarray]], rtol: float, loss_abs: float = 0.0) -> tuple[list[RefereeCheck], int]:
     """Referee checks along ``direction``, and the float64 forward passes they cost.
 
-    When a backend misses the finite difference, the difference is taken again
-    with twice the step.  If the two differ by more than half the tolerance,
-    the loss is not smooth enough here for finite differences to judge (a
-    kink crossed, BatchNorm over a handful of values): the referee abstains
-    (``stable=False``) instead of blaming a backend.
+    ``loss_abs`` is ``sum |r o|`` of the loss at the point (the size of what
+    rounding works on); ``rtol`` a relative floor on the resolution.
     """
-    numeric = numeric_directional(loss64, point, direction)
-    checks, allowed = judge(numeric, grads, direction, rtol, noise)
-    passes = 2
-    if any(not c.agrees for c in checks):
-        again = numeric_directional(loss64, point, direction, scale=2.0)
-        passes += 2
-        if abs(again - numeric) > 0.5 * allowed:
-            for c in checks:
-                c.stable = False
+    h = min(step_for(point[p]) for p in direction)
+    passes = 0
+    for _ in range(RETRIES + 1):
+        d1, crossed1 = _central(loss64, point, direction, h)
+        d2, crossed2 = _central(loss64, point, direction, 2 * h)
+        passes += PASSES
+        if not (crossed1 or crossed2):
+            break
+        h /= SHRINK
+    answers, norm = _answers(grads, direction)
+    if not answers:
+        return [], passes
+    scale = abs(d1) + 0.1 * norm
+    spread = abs(d1 - d2)
+    resolution = SAFETY * max(spread, ROUNDING * EPS * loss_abs / h) + rtol * scale
+    if resolution == 0:
+        resolution = EPS
+    stable = spread <= UNSTABLE * scale and not (crossed1 or crossed2)
+    checks = []
+    for backend, value in answers.items():
+        err = abs(value - d1) / resolution if np.isfinite(value) else float("inf")
+        checks.append(RefereeCheck(backend=backend, directional=value, numeric=d1, error=float(err),
+                                   agrees=bool(err <= 1.0), stable=stable, resolution=float(resolution)))
     return checks, passes
 
 
-NOISE_SIGMAS = 4.0  # how many standard deviations of float32 noise a correct backend may be off
-
-
-def judge(numeric: float, grads: dict[str, dict[str, np.ndarray]], direction: dict[str, np.ndarray],
-          rtol: float, noise: dict[str, float] | None = None) -> tuple[list[RefereeCheck], float]:
-    """Hold each backend's ``<g, v>`` against the finite difference; also return the allowed error.
-
-    The allowed error is ``rtol * (|numeric| + 0.1 ||g||)`` — the second term
-    keeps a direction nearly orthogonal to g (where ``<g, v>`` is tiny and all
-    rounding is relative to ||g||) from failing a correct backend — plus, for
-    float32, ``4 * sqrt(sum_leaf (noise_leaf * ||g_leaf||)^2)``: with v
-    standard normal, a gradient error dg moves ``<g, v>`` by about ``||dg||``,
-    and the noise probe measured ``||dg|| / ||g||`` per leaf.
-    """
-    noise = noise or {}
-    norms, noise_sq, answers = [], [], {}
+def _answers(grads: dict[str, dict[str, np.ndarray]], direction: dict[str, np.ndarray]) -> tuple[dict, float]:
+    """Each backend's ``<g, v>`` over the direction's leaves, and the median ``||g||`` over backends."""
+    answers, norms = {}, []
     for backend, by_path in grads.items():
         if not all(p in by_path and by_path[p] is not None for p in direction):
             continue
         answers[backend] = float(sum(np.vdot(np.asarray(by_path[p], np.float64), v) for p, v in direction.items()))
-        leaf_norms = {p: float(np.linalg.norm(np.asarray(by_path[p], np.float64))) for p in direction}
-        norms.append(float(np.sqrt(sum(n * n for n in leaf_norms.values()))))
-        noise_sq.append(sum((noise.get(p, 0.0) * n) ** 2 for p, n in leaf_norms.items()))
-    if not answers:
-        return [], 0.0
-    scale = abs(numeric) + 0.1 * float(np.median(norms))
-    allowed = (rtol * scale if scale > 0 else rtol) + NOISE_SIGMAS * float(np.sqrt(np.median(noise_sq)))
-    checks = []
-    for backend, value in answers.items():
-        err = abs(value - numeric) / allowed if np.isfinite(value) else float("inf")
-        checks.append(RefereeCheck(backend=backend, directional=value, numeric=numeric, error=float(err),
-                                   agrees=bool(err <= 1.0)))
-    return checks, allowed
+        norms.append(float(np.sqrt(sum(np.vdot(g, g) for g in (np.asarray(by_path[p], np.float64) for p in direction)))))
+    return answers, float(np.median(norms)) if norms else 0.0

@@ -13,11 +13,20 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-SCHEMA = "gradcheck.results/1"
+SCHEMA = "gradcheck.results/2"
 
 # Verdicts, worst first: a case takes the worst verdict among its leaves.
-VERDICTS = ("error", "structural", "nonfinite", "disagree", "vacuous", "skipped", "agree")
-FAILING = ("error", "structural", "nonfinite", "disagree", "vacuous")
+# "imprecise" (float32 too far from float64, see Float32Result) decides a case only under
+# RunOptions.imprecise == "fail"; by default it is a warning beside an agreeing verdict.
+VERDICTS = ("error", "structural", "nonfinite", "disagree", "imprecise", "vacuous", "skipped", "agree")
+FAILING = ("error", "structural", "nonfinite", "disagree", "imprecise", "vacuous")
+# A leaf fails on these; a vacuous leaf checks nothing but is no failure of its own (a case fails as
+# vacuous only when every gradient leaf is).  Every renderer and assert_gradients_agree use this rule.
+FAILING_LEAF = ("error", "structural", "nonfinite", "disagree", "imprecise")
+PASSING = ("agree", "skipped")
+PASSING_LEAF = ("agree", "skipped", "vacuous")
+# Float32Result.verdict values, worst first.
+FLOAT32_VERDICTS = ("structural", "nonfinite", "imprecise", "unmeasured", "ok")
 
 
 def worst_verdict(verdicts) -> str:
@@ -35,7 +44,6 @@ class Tolerance:
     rule: str  # the criterion with its numbers, then which rules decided
     criterion: str = "elementwise"  # or "norm": ||a - b|| / ||b|| <= norm_rtol
     norm_rtol: float = 0.0
-    noise: float | None = None  # measured float32 rounding noise of this leaf (normwise), if probed
 
 
 @dataclass
@@ -64,9 +72,72 @@ class RefereeCheck:
     backend: str
     directional: float  # <g_backend, v>
     numeric: float  # (L(x + h v) - L(x - h v)) / 2h in float64
-    error: float  # |directional - numeric| / (tolerance)
+    error: float  # |directional - numeric| / resolution
     agrees: bool
     stable: bool = True  # the finite difference held when the step was doubled; if not, it abstains
+    resolution: float = 0.0  # the absolute error the referee allows itself here, from its own error estimate
+
+
+@dataclass
+class Float32Result:
+    """A leaf's float32 precision: each backend's float32 result measured against float64.
+
+    ``errors[b]`` is ``||x32_b - x64_b|| / ||x64_b||``, backend ``b``'s float32
+    result against its own float64 one (a wrong VJP is wrong in both and is the
+    float64 verdict's to find; what remains is what float32 costs).  A backend
+    is ``imprecise`` when its error exceeds ``limit = factor * best + floor``,
+    where ``best`` is the smallest error of any backend on this leaf (the
+    ``fp64_ref`` rule of torch._dynamo's accuracy check).  Kinks (relu at 0,
+    max-pool arg-maxes) take the float64 reference's branch in every float32
+    run, so these errors measure rounding alone (see ``CaseResult.kinks``).
+    """
+
+    errors: dict[str, float] = field(default_factory=dict)
+    best: str = ""  # the backend with the smallest error
+    limit: float = 0.0
+    verdict: str = "ok"  # see FLOAT32_VERDICTS
+    imprecise: list[str] = field(default_factory=list)  # backends beyond the limit (or structurally off)
+    message: str = ""
+
+
+@dataclass
+class KinkReport:
+    """Kinks one op call met in the float64 reference forward (relu inputs near 0, max-pool near-ties).
+
+    ``near`` counts the elements whose distance from the kink, relative to
+    the input's scale, is below float32's reach (``FLOAT32_REACH``): a float32
+    forward may land on either side of those.  Every float32 run takes the
+    float64 branch there; ``crossed[b]`` counts the elements where backend
+    ``b``'s own float32 forward would have taken the other one.
+    ``below_float64`` counts kinks closer than float64 resolves.
+    """
+
+    op: str
+    layer: str = ""  # the module path where the op was called ("layer3.1"), "" at the top
+    call: int = 0  # the op call's index in forward order
+    elements: int = 0
+    near: int = 0
+    min_distance: float = 0.0  # the smallest |distance| / scale met
+    below_float64: int = 0
+    crossed: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass
+class Origin:
+    """Where a model's disagreement starts (per-layer VJP replay, ``gradcheck.localise``).
+
+    ``kind`` is ``vjp`` (that layer's own backward disagrees when it is
+    replayed alone on identical inputs and cotangent) or ``forward`` (no
+    layer's own VJP disagrees: the backends' forward values part first at
+    ``path``, e.g. at a kink).
+    """
+
+    path: str  # the layer's module path, "layer3.1.bn2"
+    layer: str = ""  # its type, "BatchNorm2d"
+    kind: str = "vjp"  # "vjp" or "forward"
+    blame: list[str] = field(default_factory=list)
+    op: str = ""  # the op inside the layer, where knowable
+    message: str = ""
 
 
 @dataclass
@@ -87,17 +158,24 @@ class LeafResult:
     # log10 of |a - b| / tolerance over all elements of the worst pair: bin edges and counts.
     histogram: dict[str, list[float]] = field(default_factory=dict)
     norms: dict[str, float] = field(default_factory=dict)  # backend -> ||grad||
-    tie: bool = False  # a max/relu tie (a kink) was involved
+    float32: Float32Result | None = None  # the float32 part (None: the case ran float64 only)
+    inherited: bool = False  # disagrees only because a layer after it in forward order is wrong (see Origin)
 
     @property
     def headroom(self) -> float:
         return max((p.headroom for p in self.pairs), default=0.0)
 
+    @property
+    def failing(self) -> bool:
+        # A verdict this version does not know (a newer writer's) fails: nothing unknown passes.
+        return self.verdict not in PASSING_LEAF
+
 
 @dataclass
 class Timing:
-    first: float | None = None  # seconds, first call (includes compilation: time to first gradient)
-    second: float | None = None  # seconds, a second call (backends that compile only; None for eager ones)
+    first: float | None = None  # seconds, first float32 call (includes compilation: time to first gradient)
+    second: float | None = None  # seconds, a second float32 call (backends that compile only; None for eager ones)
+    float64: float | None = None  # seconds, the float64 call (compilation included)
 
 
 @dataclass
@@ -119,10 +197,19 @@ class CaseResult:
     referee_passes: int = 0  # float64 forward passes the referee spent
     replay: str = ""  # a command that re-runs just this case
     notes: list[str] = field(default_factory=list)
+    # The float32 part: the worst leaf Float32Result.verdict ("" when float32 was not run), the policy
+    # that says whether "imprecise" fails the case, and the kinks the float32 runs were pinned at.
+    float32: str = ""
+    imprecise: str = "warn"  # "warn" or "fail"
+    kinks: list[KinkReport] = field(default_factory=list)
+    origin: Origin | None = None  # where the disagreement starts, when a per-layer replay ran
 
     @property
     def failed(self) -> bool:
-        return self.verdict in FAILING
+        return self.verdict not in PASSING
+
+    def failing_leaves(self) -> list[LeafResult]:
+        return [leaf for leaf in self.leaves if leaf.failing]
 
     def count(self, verdict: str) -> int:
         return sum(1 for leaf in self.leaves if leaf.verdict == verdict)
@@ -133,6 +220,8 @@ class RunResult:
     schema: str = SCHEMA
     env: dict[str, Any] = field(default_factory=dict)  # versions, seed, machine, command, started
     cases: list[CaseResult] = field(default_factory=list)
+    planned: int | None = None  # how many cases the run set out to check
+    interrupted: bool = False  # stopped (Ctrl-C) before every planned case ran
 
     @property
     def verdict(self) -> str:
@@ -174,6 +263,9 @@ _NESTED = {
     (LeafResult, "tolerance"): ("one", Tolerance),
     (LeafResult, "pairs"): ("list", PairResult),
     (LeafResult, "referee"): ("list", RefereeCheck),
+    (LeafResult, "float32"): ("one", Float32Result),
+    (CaseResult, "kinks"): ("list", KinkReport),
+    (CaseResult, "origin"): ("one", Origin),
     (CaseResult, "leaves"): ("list", LeafResult),
     (CaseResult, "timings"): ("dict", Timing),
     (RunResult, "cases"): ("list", CaseResult),
@@ -185,6 +277,9 @@ def case_from_dict(data: dict) -> CaseResult:
 
 
 def run_from_dict(data: dict) -> RunResult:
+    if not isinstance(data, dict):
+        raise ValueError(f"not a gradcheck results file (a JSON {type(data).__name__}, not an object with "
+                         f"schema {SCHEMA!r})")
     schema = data.get("schema", "")
     if not str(schema).startswith("gradcheck.results/"):
         raise ValueError(f"not a gradcheck results file (schema={schema!r}); expected {SCHEMA!r}")
@@ -225,12 +320,18 @@ def load(path) -> RunResult:
             record = json.loads(line)
         except json.JSONDecodeError as exc:
             # A run killed mid-write leaves a partial last line; everything before it counts.
-            if n == len(text.splitlines()):
+            if n == len(text.splitlines()) and n > 1:
                 break
-            raise ValueError(f"{path}:{n}: not JSON ({exc})") from exc
+            raise ValueError(f"{path}:{n}: not JSON ({exc}); not a gradcheck results file") from exc
+        if not isinstance(record, dict) or record.get("type") not in ("run", "case"):
+            raise ValueError(f"{path}:{n}: not a gradcheck results record (expected a JSON object with type "
+                             "'run' or 'case')")
         if record.get("type") == "run":
             run.schema = record.get("schema", SCHEMA)
             run.env = record.get("env", {})
-        elif record.get("type") == "case":
+            run.planned = record.get("planned")
+        else:
             run.cases.append(case_from_dict(record["case"]))
+    if run.planned is not None and len(run.cases) < run.planned:
+        run.interrupted = True  # the run stopped (killed or interrupted) before every planned case was written
     return run

@@ -1,13 +1,25 @@
-"""The runner: each case through every backend and the referee, compared, streamed to disk.
+"""The runner: each case through every backend in float64 and float32, compared, refereed, streamed to disk.
 
-Per case: build model, inputs and the loss cotangent from the case seed (numpy,
-identical bits for every backend); run each backend, and a backend that
-compiles (jax) twice: its first call's time includes compilation (time to
-first gradient), the second is the computation alone; compare forward outputs,
-updated buffers and every gradient leaf; ask the float64 referee; record a
-verdict and blame per leaf.  One case that raises, or one backend that fails
-on it, is a recorded error: the run goes on.  Each finished case is appended
-to the JSON-lines results file at once, so an interrupted run loses nothing.
+A straight line per case:
+
+1. ``CaseRun``: the model, inputs and loss cotangent from the case seed
+   (numpy, identical bits for every backend), widened exactly to float64;
+   the float64 reference forward on numpy, which records every kink's branch
+   (``gradcheck.kinks``) and counts its work (``gradcheck.cost``).
+2. ``_run_backends``: each backend in float64, then in float32 pinned to the
+   reference's kinks; a backend that compiles (jax) runs its float32 call
+   twice, the second timing the computation alone.  One backend that fails
+   is that backend's recorded error; the others go on.
+3. ``_compare``: every leaf (forward outputs, updated buffers, gradients)
+   compared across backends in float64, once (``gradcheck.compare``).
+4. ``_referee``: float64 central differences where blame is needed, or for
+   every leaf when that is cheap (``gradcheck.referee``).
+5. ``gradcheck.verdict``: blame from the referee or a majority; each
+   backend's float32 result measured against its float64 one; the case's
+   verdict.
+
+Each finished case is appended to the JSON-lines results file at once, so an
+interrupted run loses nothing.
 """
 
 from __future__ import annotations
@@ -23,12 +35,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from gradcheck import cost, ops
+from gradcheck import cost, kinks, module, ops, verdict
 from gradcheck import referee as ref
 from gradcheck.backends import get_backend
 from gradcheck.backends.base import all_leaves
 from gradcheck.case import Case, cast_floats, materialise
-from gradcheck.compare import MISSING, case_verdict, first_in_backward_order, judge_leaf
+from gradcheck.compare import MISSING, compare_leaf, first_in_backward_order, order
 from gradcheck.results import (
     SCHEMA,
     CaseResult,
@@ -39,7 +51,7 @@ from gradcheck.results import (
     to_dict,
 )
 from gradcheck.tolerance import ToleranceRules
-from gradcheck.tree import leaf_owner_types, replace_leaves
+from gradcheck.tree import leaf_owner_types, module_paths, replace_leaves
 
 DEFAULT_BACKENDS = ("tape", "torch", "jax")
 
@@ -51,9 +63,13 @@ class RunOptions:
     referee: str = "auto"  # "leaves" (every leaf), "auto", "joint", "off"
     # auto: check every leaf when that is estimated to cost less than this (gradcheck.cost: counted, not timed)
     referee_budget_s: float = 20.0
-    repeat: bool = True  # time a second call of each backend that compiles (its first call includes compiling)
-    noise_probe: tuple[str, ...] | None = None  # backends whose float32 noise is measured; None: see probed()
+    repeat: bool = True  # time a second float32 call of each backend that compiles (its first includes compiling)
+    imprecise: str = "warn"  # whether a float32 result too far from float64 fails the case ("fail") or warns
     replay: Callable[[Case], str] | None = None  # command line that re-runs one case
+
+    def __post_init__(self):
+        if self.imprecise not in verdict.IMPRECISE_POLICIES:
+            raise ValueError(f"imprecise={self.imprecise!r}; expected one of {', '.join(verdict.IMPRECISE_POLICIES)}")
 
 
 def input_prefixes(n: int) -> tuple[str, ...]:
@@ -64,7 +80,8 @@ def _as_list(out) -> list:
     return list(out) if isinstance(out, (tuple, list)) else [out]
 
 
-def _short_error(exc: BaseException) -> str:
+def short_error(exc: BaseException) -> str:
+    """The error's type and message first, then where it was raised (the last few frames)."""
     frames = traceback.extract_tb(exc.__traceback__)[-4:]
     where = "".join(f"  {f.filename.split('site-packages/')[-1]}:{f.lineno} in {f.name}\n" for f in frames)
     return f"{type(exc).__name__}: {exc}\n{where}".rstrip()
@@ -75,21 +92,32 @@ class CaseRun:
 
     def __init__(self, case: Case):
         self.case = case
-        self.model, self.inputs = materialise(case)
+        model, inputs = materialise(case)
         self.forward = case.forward or (lambda m, *xs: m(*xs))
-        self.prefixes = ("",) + input_prefixes(len(self.inputs))
-        self.args = (self.model,) + tuple(self.inputs)
-        self.args64 = cast_floats(self.args, np.float64)
+        self.prefixes = ("",) + input_prefixes(len(inputs))
+        args = (model,) + tuple(inputs)
+        # The float32 arguments, and the same values widened exactly: both runs are at one point.
+        self.args32 = args if case.dtype == "float32" else None
+        self.args64 = cast_floats(args, np.float64)
+        self.model = self.args64[0]
         self.leaves64 = {leaf.path: leaf.value for leaf in all_leaves(self.args64, self.prefixes)}
+        # The reference forward runs on a copy of its own: layers update buffers (running statistics) by
+        # assigning them, and the backends must start from the case's values.
+        reference = cast_floats(args, np.float64)
+        paths = module_paths(reference[0])
         t0 = time.perf_counter()
-        with cost.counting() as self.forward64_work:
-            outs = _as_list(self.forward(*self.args64))
+        with cost.counting() as self.forward64_work, module.calls() as stack, \
+                kinks.recording(lambda: paths.get(id(stack[-1]), "") if stack else "") as self.kinks:
+            outs = _as_list(self.forward(*reference))
         self.forward64_s = time.perf_counter() - t0
         rng = np.random.default_rng(np.random.SeedSequence(case.seed).spawn(3)[2])
         # The cross-check loss is <r, output> with r random: sum/mean would make
         # the input gradients of BatchNorm and LayerNorm identically zero.
         self.cotangents64 = [rng.standard_normal(np.shape(o)) for o in outs]
-        self.cotangents = [c.astype(case.dtype) for c in self.cotangents64]
+        self.cotangents32 = [c.astype(np.float32) for c in self.cotangents64]
+        # What rounding in the loss works on: the referee's resolution floor.
+        self.loss_abs = float(sum(np.sum(np.abs(np.asarray(o, np.float64) * r)) for o, r in zip(outs, self.cotangents64)))
+        self.n_out = len(outs)
 
     def loss_fn(self, cotangents):
         forward = self.forward
@@ -104,44 +132,63 @@ class CaseRun:
 
         return f
 
-    def loss64(self, replaced: dict) -> float:
+    def loss64(self, replaced: dict) -> tuple[float, int]:
+        """The float64 loss with some leaves replaced, and how many kink decisions differ from the reference's."""
         args = [replace_leaves(a, replaced, p) for a, p in zip(self.args64, self.prefixes)]
-        return float(self.loss_fn(self.cotangents64)(*args)[0])
+        with kinks.recording() as rec:
+            loss = float(self.loss_fn(self.cotangents64)(*args)[0])
+        return loss, kinks.differing(self.kinks, rec)
+
+
+@dataclass
+class BackendRun:
+    """One backend's answers for a case: float64 (decides) and float32 (measured; None for float64-only cases)."""
+
+    ev64: object
+    ev32: object = None
+    crossed: list[int] = field(default_factory=list)  # per recorded kink call: elements the float32 run crossed
 
 
 def run_case(case: Case, options: RunOptions | None = None) -> CaseResult:
     options = options or RunOptions()
     res = CaseResult(name=case.name, model=case.model or case.name, dtype=case.dtype, mode=case.mode,
-                     seed=case.seed, backends=list(options.backends), notes=list(case.notes))
+                     seed=case.seed, backends=list(options.backends), notes=list(case.notes),
+                     imprecise=options.imprecise)
     if options.replay is not None:
         res.replay = options.replay(case)
     try:
         cr = CaseRun(case)
     except Exception as exc:  # a broken case is a result, not a crash
-        res.errors["case"] = _short_error(exc)
+        res.errors["case"] = short_error(exc)
         res.verdict = "error"
         return res
     res.params = int(sum(np.size(v) for _, v in cr.model.named_parameters()))
-    evaluations = _run_backends(cr, options, res)
+    runs = _run_backends(cr, options, res)
     try:
-        if evaluations:
-            _compare(cr, evaluations, options, res)
+        if runs:
+            _compare(cr, runs, options, res)
     except Exception as exc:  # gradcheck's own bug: this case's error, and the run goes on
         res.errors["case"] = ("internal error while comparing (a bug in gradcheck; please report it): "
-                              + _short_error(exc))
+                              + short_error(exc))
         res.verdict = "error"
         return res
-    res.verdict = case_verdict(res.leaves, res.errors)
+    res.verdict = verdict.case_verdict(res.leaves, res.errors)
     if res.leaves_compared == 0 and not res.errors:
-        res.errors["case"] = "no leaf was compared (no backend ran, or the model has no trainable leaf)"
+        ran = [b for b in options.backends if b in res.timings]
+        res.errors["case"] = ("nothing was compared: " + (
+            "the model has no trainable leaf and only one backend ran" if len(ran) == 1 and options.referee != "off"
+            else f"only {ran[0]} ran and the referee is off; a check needs two backends, or one backend and the "
+                 "referee (install torch or jax, or leave --referee on)" if len(ran) == 1
+            else "no backend ran" if not ran else "the model has no trainable leaf and no output"))
         res.verdict = "error"
     res.first_disagreement = first_in_backward_order(res.leaves)
     return res
 
 
-def _run_backends(cr: CaseRun, options: RunOptions, res: CaseResult) -> dict:
-    f = cr.loss_fn(cr.cotangents)
-    evaluations = {}
+def _run_backends(cr: CaseRun, options: RunOptions, res: CaseResult) -> dict[str, BackendRun]:
+    f64 = cr.loss_fn(cr.cotangents64)
+    f32 = cr.loss_fn(cr.cotangents32)
+    runs: dict[str, BackendRun] = {}
     for name in options.backends:
         driver = get_backend(name)
         ok, why = driver.available()
@@ -151,146 +198,116 @@ def _run_backends(cr: CaseRun, options: RunOptions, res: CaseResult) -> dict:
         timing = res.timings[name] = Timing()
         try:
             t0 = time.perf_counter()
-            evaluations[name] = driver.evaluate(f, cr.args, cr.prefixes)
+            run = BackendRun(driver.evaluate(f64, cr.args64, cr.prefixes))
+            timing.float64 = time.perf_counter() - t0
+        except Exception as exc:
+            res.errors[name] = short_error(exc)
+            continue
+        runs[name] = run
+        if cr.args32 is None:  # a float64-only case: its float64 calls are the ones timed
+            timing.first = timing.float64
+            if options.repeat and driver.compiles:
+                t0 = time.perf_counter()
+                driver.evaluate(f64, cr.args64, cr.prefixes)
+                timing.second = time.perf_counter() - t0
+            continue
+        try:
+            t0 = time.perf_counter()
+            run.ev32, run.crossed = _float32(driver, f32, cr, res, name)
             timing.first = time.perf_counter() - t0
             if options.repeat and driver.compiles:
                 t0 = time.perf_counter()
-                driver.evaluate(f, cr.args, cr.prefixes)
+                _float32(driver, f32, cr, res, name)
                 timing.second = time.perf_counter() - t0
         except Exception as exc:
-            res.errors[name] = _short_error(exc)
-            evaluations.pop(name, None)
-    return evaluations
+            res.errors[f"{name} (float32)"] = short_error(exc)
+    return runs
 
 
-def _compare(cr: CaseRun, evaluations: dict, options: RunOptions, res: CaseResult) -> None:
-    dtype, rules = cr.case.dtype, options.rules
-    leaves = all_leaves(cr.args, cr.prefixes)
+def _float32(driver, f32, cr: CaseRun, res: CaseResult, name: str):
+    """A float32 evaluation pinned to the float64 reference's kinks, and the crossings it met."""
+    try:
+        with kinks.pinned(cr.kinks) as pin:
+            ev = driver.evaluate(f32, cr.args32, cr.prefixes)
+        return ev, [int(round(float(ops.to_numpy(c)))) if hasattr(c, "shape") else int(c) for c in pin.crossed]
+    except kinks.KinkMismatch as exc:
+        note = (f"{name}: float32 not pinned to the float64 kinks ({exc}); its float32 error may include "
+                "kink crossings")
+        if note not in res.notes:
+            res.notes.append(note)
+        return driver.evaluate(f32, cr.args32, cr.prefixes), []
+
+
+def _compare(cr: CaseRun, runs: dict[str, BackendRun], options: RunOptions, res: CaseResult) -> None:
+    rules = options.rules
+    leaves = all_leaves(cr.args64, cr.prefixes)
     owners = {}
-    for a, p in zip(cr.args, cr.prefixes):
+    for a, p in zip(cr.args64, cr.prefixes):
         owners.update(leaf_owner_types(a, p))
-    names = list(evaluations)
+    names = sorted(runs, key=order)
+    measured = cr.args32 is not None
 
-    noise = _noise_probe(cr, evaluations, res, options.noise_probe)
+    def judge(path, role, get, layer="", expect_array=True, scale=0.0):
+        leaf = compare_leaf(path, role, {b: get(r.ev64) for b, r in runs.items()}, dtype="float64", rules=rules,
+                            layer=layer, expect_array=expect_array, case_scale=scale)
+        if measured and expect_array and leaf.verdict in ("agree", "disagree"):
+            tol = rules.resolve(path, "float32", layer)
+            leaf.float32 = verdict.float32_part({b: get(r.ev32) if r.ev32 is not None else MISSING
+                                                 for b, r in runs.items() if r.ev32 is not None},
+                                                {b: get(r.ev64) for b, r in runs.items()},
+                                                tol.imprecise_factor, tol.imprecise_floor)
+        return leaf
 
     # Forward outputs first: a forward disagreement explains any gradient one.
-    n_out = len(cr.cotangents)
-    for k in range(n_out):
-        path = "output" if n_out == 1 else f"output.{k}"
-        arrays = {b: _nth_output(ev.value, k) for b, ev in evaluations.items()}
-        res.leaves.append(judge_leaf(path, "output", arrays, dtype=dtype, rules=rules, noise=noise.get(path)))
+    for k in range(cr.n_out):
+        path = "output" if cr.n_out == 1 else f"output.{k}"
+        res.leaves.append(judge(path, "output", lambda ev, k=k: _nth_output(ev.value, k)))
     for leaf in leaves:
         if leaf.kind == "buffer" and np.asarray(leaf.value).dtype.kind == "f":
-            arrays = {b: ev.buffers.get(leaf.path, MISSING) for b, ev in evaluations.items()}
-            res.leaves.append(judge_leaf(leaf.path, "buffer", arrays, dtype=dtype, rules=rules,
-                                         layer=owners.get(leaf.path, ""), noise=noise.get(leaf.path)))
+            res.leaves.append(judge(leaf.path, "buffer", lambda ev, p=leaf.path: ev.buffers.get(p, MISSING),
+                                    layer=owners.get(leaf.path, "")))
 
     grad_leaves = []
     known = set()
     for leaf in leaves:
         known.add(leaf.path)
         role = "input" if leaf.path.startswith("input") else "param"
-        arrays = {b: ev.grads.get(leaf.path, MISSING) for b, ev in evaluations.items()}
+        present = {b: r.ev64.grads.get(leaf.path, MISSING) for b, r in runs.items()}
         if leaf.trainable:
-            grad_leaves.append((leaf, role, arrays))
-        elif any(v is not MISSING for v in arrays.values()):
+            grad_leaves.append((leaf, role, present))
+        elif any(v is not MISSING for v in present.values()):
             kind_role = {"buffer": "buffer", "frozen": "frozen"}.get(leaf.kind, role)
-            res.leaves.append(judge_leaf(leaf.path, kind_role, arrays, dtype=dtype, rules=rules,
-                                         layer=owners.get(leaf.path, ""), expect_array=False))
-    for b, ev in evaluations.items():
-        for path in ev.grads:
+            res.leaves.append(judge(leaf.path, kind_role, lambda ev, p=leaf.path: ev.grads.get(p, MISSING),
+                                    layer=owners.get(leaf.path, ""), expect_array=False))
+    for b, r in runs.items():
+        for path in r.ev64.grads:
             if path not in known:
-                res.leaves.append(judge_leaf(path, "param", {n: (ev.grads[path] if n == b else MISSING) for n in names},
-                                             dtype=dtype, rules=rules, expect_array=False))
+                res.leaves.append(compare_leaf(path, "param", {n: (r.ev64.grads[path] if n == b else MISSING)
+                                                               for n in names}, dtype="float64", rules=rules,
+                                               expect_array=False))
 
     scale = _case_scale(grad_leaves)
-
-    def judge(leaf, role, arrays, checks=None):
-        return judge_leaf(leaf.path, role, arrays, dtype=dtype, rules=rules, layer=owners.get(leaf.path, ""),
-                          referee=checks, case_scale=scale, noise=noise.get("grad:" + leaf.path))
-
-    judged = [(leaf, role, arrays, judge(leaf, role, arrays)) for leaf, role, arrays in grad_leaves]
-    checks = _referee(cr, evaluations, [j for j in judged if j[3].verdict != "vacuous"], options, res, noise, owners)
-    for leaf, role, arrays, verdict in judged:
-        res.leaves.append(judge(leaf, role, arrays, checks[leaf.path]) if leaf.path in checks else verdict)
-    res.leaves_compared = sum(1 for leaf in res.leaves if leaf.verdict != "skipped")
+    judged = [judge(leaf.path, role, lambda ev, p=leaf.path: ev.grads.get(p, MISSING),
+                    layer=owners.get(leaf.path, ""), scale=scale) for leaf, role, _ in grad_leaves]
+    checks = _referee(cr, runs, [j for j in judged if j.verdict != "vacuous"], options, res, owners)
+    res.leaves.extend(judged)
+    for leaf in res.leaves:
+        if leaf.role != "referee":
+            verdict.decide(leaf, names, checks.get(leaf.path))
+            verdict.apply_policy(leaf, options.imprecise)
+    # Compared means held against something: another backend, or the referee.  One backend alone with the
+    # referee off compares nothing, and nothing compared is never a pass.
+    res.leaves_compared = sum(1 for leaf in res.leaves if leaf.verdict != "skipped" and (leaf.pairs or leaf.referee
+                                                                                       or leaf.verdict != "agree"))
+    if measured:
+        res.float32 = verdict.worst_float32(leaf.float32 for leaf in res.leaves)
+        res.kinks = cr.kinks.reports({b: r.crossed for b, r in runs.items()})
     if not grad_leaves:
         res.notes.append("no trainable leaf: only forward values were compared")
 
 
-def _rel(a, b) -> float | None:
-    if a is None or b is None or a is MISSING or b is MISSING:
-        return None
-    a, b = np.asarray(a), np.asarray(b)  # float32 against float64: the difference is taken in float64
-    if a.shape != b.shape or not (np.isfinite(a).all() and np.isfinite(b).all()):
-        return None
-    nb = float(np.linalg.norm(b.astype(np.float64, copy=False).ravel()))
-    return float(np.linalg.norm(np.subtract(a, b, dtype=np.float64).ravel())) / nb if nb > 0 else None
-
-
-def probed(evaluations, requested: tuple[str, ...] | None) -> list[str]:
-    """The backends whose float32 noise the probe measures.
-
-    ``requested`` (``--noise-probe``) names them; the tape, cheap to run, is
-    probed even when it is not compared, the others only when they ran.  By
-    default: the tape, and torch when it ran, whose noise stands for jax's
-    too (both compose BatchNorm from ops; a float64 jax run would compile the
-    model a second time); jax itself when torch did not run, because on
-    ResNet-18 jax's float32 gradients sit up to 1e-2 from float64 while the
-    tape's sit 1e-5, and the tape's noise alone flagged 21 correct jax leaves.
-    """
-    if requested is None:
-        requested = ("tape", "torch") if "torch" in evaluations else ("tape", "jax")
-    return [name for name in dict.fromkeys(requested) if name in evaluations or name == "tape"]
-
-
-def _noise_probe(cr: CaseRun, evaluations: dict, res: CaseResult, requested: tuple[str, ...] | None = None) -> dict:
-    """Float32 rounding noise per leaf: each probed backend in float32 against itself in float64.
-
-    A wrong VJP is wrong in both precisions and cancels here, so this measures
-    what float32 costs this leaf in this model, not bugs.  The noise of a leaf
-    is the largest over the probed backends (see ``probed``): on ResNet-18 at
-    224x224 torch's and jax's float32 input gradients sit up to 1e-2 from
-    float64 while the tape's sit 1e-5, so probing the tape alone would
-    understate what a correct framework does.  Keys are ``grad:<path>`` for
-    gradients and the leaf path for outputs and buffers.  Only float32 cases
-    are probed.
-    """
-    if cr.case.dtype != "float32":
-        return {}
-    noise: dict[str, float] = {}
-    per_backend = {}
-    for name in probed(evaluations, requested):
-        driver = get_backend(name)
-        try:
-            t0 = time.perf_counter()
-            low = evaluations.get(name) or driver.evaluate(cr.loss_fn(cr.cotangents), cr.args, cr.prefixes)
-            high = driver.evaluate(cr.loss_fn(cr.cotangents64), cr.args64, cr.prefixes)
-            spent = time.perf_counter() - t0
-        except Exception as exc:
-            res.notes.append(f"float32 noise probe on {name} skipped: {type(exc).__name__}: {exc}")
-            continue
-        mine = {"grad:" + p: _rel(low.grads.get(p), g) for p, g in high.grads.items()}
-        mine.update({p: _rel(low.buffers.get(p), v) for p, v in high.buffers.items()})
-        n_out = len(cr.cotangents)
-        for k in range(n_out):
-            mine["output" if n_out == 1 else f"output.{k}"] = _rel(_nth_output(low.value, k), _nth_output(high.value, k))
-        mine = {k: v for k, v in mine.items() if v is not None}
-        for k, v in mine.items():
-            noise[k] = max(noise.get(k, 0.0), v)
-        grads = [v for k, v in mine.items() if k.startswith("grad:")]
-        if grads:
-            per_backend[name] = f"{name} median {np.median(grads):.1e}, max {max(grads):.1e} ({spent:.1f}s)"
-    if per_backend:
-        res.notes.append("float32 noise probe (float32 against float64, normwise, per gradient leaf): "
-                         + "; ".join(per_backend.values()))
-    else:
-        res.notes.append("float32 noise probe: no backend could run it; tolerances stay at their floor")
-    return noise
-
-
 def _case_scale(grad_leaves) -> float:
-    """The largest finite gradient entry over every trainable leaf and backend."""
+    """The largest finite float64 gradient entry over every trainable leaf and backend."""
     best = 0.0
     for _, _, arrays in grad_leaves:
         for v in arrays.values():
@@ -305,62 +322,63 @@ def _nth_output(value, k):
     return outs[k] if k < len(outs) else MISSING
 
 
-def _referee(cr: CaseRun, evaluations, judged, options: RunOptions, res: CaseResult, noise: dict,
+def _referee(cr: CaseRun, runs, judged: list[LeafResult], options: RunOptions, res: CaseResult,
              owners: dict) -> dict:
     """Referee checks per leaf path; which leaves get one depends on the mode and its cost."""
     mode = options.referee
     if mode == "off" or not judged:
         return {}
-    point = {leaf.path: np.asarray(cr.leaves64[leaf.path], np.float64) for leaf, _, _, _ in judged}
+    point = {leaf.path: np.asarray(cr.leaves64[leaf.path], np.float64) for leaf in judged}
     dirs = ref.directions(point, cr.case.seed)
-    grads = {b: ev.grads for b, ev in evaluations.items()}
-    rules, dtype = options.rules, cr.case.dtype
+    grads = {b: r.ev64.grads for b, r in runs.items()}
+    rules = options.rules
 
     def rtol(path):
-        return rules.resolve(path, dtype, owners.get(path, "")).referee_rtol
-
-    leaf_noise = {p: noise["grad:" + p] for p in point if "grad:" + p in noise}
+        return rules.resolve(path, "float64", owners.get(path, "")).referee_rtol
 
     # The estimate comes from the float64 forward's counted work, not its time: the mode must not
     # change with the machine's load (see gradcheck.cost).
-    every_leaf_s = 2 * cr.forward64_work.seconds() * len(judged)
+    every_leaf_s = ref.PASSES * cr.forward64_work.seconds() * len(judged)
     if mode == "leaves" or (mode == "auto" and every_leaf_s <= options.referee_budget_s):
-        chosen = [leaf.path for leaf, _, _, _ in judged]
+        chosen = [leaf.path for leaf in judged]
     else:
-        chosen = [leaf.path for leaf, _, _, v in judged if v.verdict != "agree"]
+        chosen = [leaf.path for leaf in judged if leaf.verdict != "agree"]
         if mode == "auto":
             res.notes.append(
                 f"referee: checking each of {len(judged)} leaves was estimated at {every_leaf_s:.0f} s "
-                f"({2 * len(judged)} float64 passes; one pass: {cr.forward64_work}), over the budget of "
+                f"({ref.PASSES * len(judged)} float64 passes; one pass: {cr.forward64_work}), over the budget of "
                 f"{options.referee_budget_s:g} s (referee_budget_s), so all leaves were checked along one joint "
                 f"direction and each leaf the backends disagree on apart; --referee leaves checks every leaf")
-        _joint_referee(cr, point, dirs, grads, max(rtol(p) for p in point), res, leaf_noise)
+        _joint_referee(cr, point, dirs, grads, max(rtol(p) for p in point), res)
     out = {}
     for path in chosen:
-        out[path], passes = ref.check(cr.loss64, point, {path: dirs[path]}, grads, rtol(path), leaf_noise)
+        out[path], passes = ref.check(cr.loss64, point, {path: dirs[path]}, grads, rtol(path), cr.loss_abs)
         res.referee_passes += passes
     return out
 
 
-def _joint_referee(cr, point, dirs, grads, rtol, res: CaseResult, noise: dict) -> None:
-    """Every trainable leaf at once along one direction: two passes for the whole model."""
-    checks, passes = ref.check(cr.loss64, point, dirs, grads, rtol, noise)
+def _joint_referee(cr, point, dirs, grads, rtol, res: CaseResult) -> None:
+    """Every trainable leaf at once along one direction: four passes for the whole model."""
+    checks, passes = ref.check(cr.loss64, point, dirs, grads, rtol, cr.loss_abs)
     res.referee_passes += passes
     if not checks:
         return
-    stable = all(c.stable for c in checks)
-    summary = ", ".join(f"{c.backend} {'agrees' if c.agrees else 'misses'} (error/tol {c.error:.2g})" for c in checks)
-    if not stable:
-        res.notes.append(f"referee, joint direction over {len(dirs)} leaves: abstained, the finite difference "
-                         f"is unstable at this point ({summary})")
+    summary = ", ".join(f"{c.backend} {'agrees' if c.agrees else 'misses'} (error/resolution {c.error:.2g})"
+                        for c in checks)
+    where = (f"referee, joint direction over {len(dirs)} leaves (finite difference {checks[0].numeric:.10g} "
+             f"± {checks[0].resolution:.2g})")
+    if not checks[0].stable:
+        res.notes.append(f"{where}: abstained, the finite difference is unstable at this point ({summary})")
         return
-    res.notes.append(f"referee, joint direction over {len(dirs)} leaves: {summary}")
+    res.notes.append(f"{where}: {summary}")
     wrong = [c.backend for c in checks if not c.agrees]
-    if wrong:
+    if wrong and len(wrong) < len(checks):
         res.leaves.append(LeafResult(
-            path="(all leaves, joint direction)", role="referee", verdict="disagree", blame=wrong, referee=checks,
+            path="(all leaves, joint direction)", role="referee", dtype="float64", verdict="disagree", blame=wrong,
+            referee=checks,
             message=f"{', '.join(wrong)}: the whole gradient along one random direction misses the float64 "
-                    f"finite difference {checks[0].numeric:.6g}",
+                    f"finite difference {checks[0].numeric:.10g} (resolution {checks[0].resolution:.2g}), "
+                    f"which {', '.join(c.backend for c in checks if c.agrees)} agree with",
         ))
 
 
@@ -392,11 +410,12 @@ def environment(seed: int | None = None, command: str = "") -> dict:
 class ResultsWriter:
     """JSON lines: a header, then one line per finished case, flushed as each case ends."""
 
-    def __init__(self, path, env: dict):
+    def __init__(self, path, env: dict, planned: int | None = None):
         self.path = path
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         self._fh = open(path, "w", encoding="utf-8")
-        self._write({"type": "run", "schema": SCHEMA, "env": env})
+        # planned: a reader of a run killed outright can still tell how many cases never ran.
+        self._write({"type": "run", "schema": SCHEMA, "env": env, "planned": planned})
 
     def _write(self, record):
         self._fh.write(json.dumps(record, default=json_default) + "\n")
@@ -415,8 +434,8 @@ def run(cases: list[Case], options: RunOptions | None = None, results_path=None,
         on_start: Callable[[int, int, Case], None] | None = None) -> RunResult:
     """Run every case; stream each result to ``results_path`` (JSON lines) as it ends."""
     options = options or RunOptions()
-    result = RunResult(env=env or environment())
-    writer = ResultsWriter(results_path, result.env) if results_path else None
+    result = RunResult(env=env or environment(), planned=len(cases))
+    writer = ResultsWriter(results_path, result.env, planned=len(cases)) if results_path else None
     try:
         for i, case in enumerate(cases):
             if on_start:

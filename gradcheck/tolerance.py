@@ -1,36 +1,30 @@
 """Tolerance rules: defaults per dtype, overridable by leaf glob, layer type, backend pair and dtype.
 
-Two criteria, chosen per dtype (a rule may switch them with ``criterion``):
+Backends are compared in float64 (``gradcheck.verdict``: float64 decides,
+float32 is measured against it).  Two criteria, chosen per dtype (a rule may
+switch them with ``criterion``):
 
 * ``elementwise`` — every element within ``|a - b| <= atol + rtol * |b|``
   (the ``torch.testing`` / ``numpy.isclose`` form), with an absolute part
   relative to the leaf: ``atol = atol_scale * max|b|`` plus any fixed
   ``atol``.  A gradient's scale varies by orders of magnitude between leaves,
   so a fixed absolute tolerance would be meaningless.
-* ``norm`` — ``||a - b|| / ||b|| <= norm_rtol``, where ``norm_rtol`` is the
-  larger of a floor and ``noise_factor`` times the leaf's measured float32
-  rounding noise (the tape's float32 gradient against its own float64
-  gradient at the same point: what float32 costs this leaf in this model).
-  A wrong VJP is wrong in float64 too, so the probe measures rounding, not
-  bugs.
-
-Why two: float64 backends agree to ~1e-12 on every model tried, so float64
-is checked elementwise and tightly — the precise check.  In float32, deep
-models are ill-conditioned: ResNet-18's float32 gradients differ from the
-float64 ones by 2-5e-3 *normwise* (torch against torch), with single
-elements off by hundreds of times any elementwise tolerance.  An elementwise
-float32 check of a deep model is a false alarm; a normwise check calibrated
-to the measured noise is not, and still catches wrong VJPs, which are wrong
-by O(1).
+* ``norm`` — ``||a - b|| / ||b|| <= norm_rtol``.
 
 Defaults and their sources:
 
 * float64: elementwise, ``rtol = 1e-7`` (torch.testing's float64 rtol),
-  ``atol_scale = 1e-9``; referee ``1e-5`` (jax's float64 gradient tolerance).
-* float32: norm, ``norm_rtol`` floor ``1e-4``, ``noise_factor = 10``;
-  ``rtol = 2e-3`` (jax's float32 gradient tolerance) and ``atol_scale = 1e-4``
-  for the elementwise diagnostics shown in reports; referee ``2e-3``, plus four
-  standard deviations of the measured noise (see ``gradcheck.referee.judge``).
+  ``atol_scale = 1e-9``.  Backends agree to about 1e-12 in float64 on every
+  model here, ResNet-18 at 224x224 included, so this is tight and still far
+  from flaking; a 1e-6 relative error in one leaf is caught.  The referee's
+  tolerance is not a setting: it is derived from its own truncation and
+  rounding error, per check (``gradcheck.referee``); ``referee_rtol`` only
+  bounds it from below, as a relative floor.
+* float32 (the precision measurement, ``gradcheck.verdict.float32_part``): a
+  backend is imprecise on a leaf when its float32 error against float64
+  exceeds ``imprecise_factor`` times the best backend's plus
+  ``imprecise_floor``.  ``rtol``/``atol_scale``/``norm_rtol`` apply only when
+  float32 arrays are compared with each other directly (``judge_leaf``).
 
 Rules come from ``[tool.gradcheck]`` in ``pyproject.toml`` or a TOML file::
 
@@ -57,13 +51,18 @@ from dataclasses import dataclass, field, replace
 
 from gradcheck.results import Tolerance
 
+# float32 precision (see gradcheck.verdict): imprecise beyond this multiple of the best backend's float32
+# error against float64, plus this floor.  Measured and explained in docs/decisions.md.
+IMPRECISE_FACTOR = 10.0
+IMPRECISE_FLOOR = 1e-4
+
 DEFAULTS = {
-    "float32": {"criterion": "norm", "rtol": 2e-3, "atol": 0.0, "atol_scale": 1e-4, "norm_rtol": 1e-4,
-                "noise_factor": 10.0, "referee_rtol": 2e-3},
+    "float32": {"criterion": "norm", "rtol": 2e-3, "atol": 0.0, "atol_scale": 1e-4, "norm_rtol": 1e-3,
+                "referee_rtol": 2e-3, "imprecise_factor": IMPRECISE_FACTOR, "imprecise_floor": IMPRECISE_FLOOR},
     "float64": {"criterion": "elementwise", "rtol": 1e-7, "atol": 0.0, "atol_scale": 1e-9, "norm_rtol": 1e-9,
-                "noise_factor": 0.0, "referee_rtol": 1e-5},
+                "referee_rtol": 1e-10, "imprecise_factor": IMPRECISE_FACTOR, "imprecise_floor": IMPRECISE_FLOOR},
 }
-_FIELDS = ("rtol", "atol", "atol_scale", "norm_rtol", "noise_factor", "referee_rtol")
+_FIELDS = ("rtol", "atol", "atol_scale", "norm_rtol", "referee_rtol", "imprecise_factor", "imprecise_floor")
 CRITERIA = ("elementwise", "norm")
 
 
@@ -73,8 +72,9 @@ class Rule:
     atol: float | None = None
     atol_scale: float | None = None
     norm_rtol: float | None = None
-    noise_factor: float | None = None
     referee_rtol: float | None = None
+    imprecise_factor: float | None = None
+    imprecise_floor: float | None = None
     criterion: str | None = None
     leaf: str | None = None
     layer: str | None = None
@@ -109,29 +109,23 @@ class ResolvedTolerance:
     atol: float
     atol_scale: float
     norm_rtol: float
-    noise_factor: float
     referee_rtol: float
+    imprecise_factor: float
+    imprecise_floor: float
     rules: list[str] = field(default_factory=list)
 
     def absolute(self, scale: float) -> float:
         """The absolute tolerance for a leaf whose reference has ``max|b| = scale``."""
         return self.atol + self.atol_scale * scale
 
-    def norm_limit(self, noise: float | None) -> float:
-        """The normwise tolerance: the floor, or ``noise_factor`` times the measured noise."""
-        return max(self.norm_rtol, self.noise_factor * noise) if noise else self.norm_rtol
-
-    def record(self, scale: float, noise: float | None = None) -> Tolerance:
+    def record(self, scale: float) -> Tolerance:
         rule = "; ".join(self.rules)
         if self.criterion == "norm":
-            limit = self.norm_limit(noise)
-            how = (f"norm: ||a-b||/||b|| <= {limit:.3g}"
-                   + (f" = {self.noise_factor:g} x float32 noise {noise:.3g}" if noise and limit > self.norm_rtol
-                      else f" (floor; float32 noise {noise:.3g})" if noise else " (floor)"))
+            how = f"norm: ||a-b||/||b|| <= {self.norm_rtol:.3g}"
         else:
             how = f"elementwise: |a-b| <= {self.absolute(scale):.3g} + {self.rtol:.3g}|b|"
         return Tolerance(rtol=self.rtol, atol=self.absolute(scale), rule=f"{how} [{rule}]",
-                         criterion=self.criterion, norm_rtol=self.norm_limit(noise), noise=noise)
+                         criterion=self.criterion, norm_rtol=self.norm_rtol)
 
 
 @dataclass
@@ -162,13 +156,12 @@ class ToleranceRules:
     def with_overrides(self, rtol: float | None = None, atol: float | None = None, name: str = "command line"):
         """A copy with one rule appended that applies everywhere (``--rtol``, ``--atol``).
 
-        ``rtol`` sets both the elementwise and the normwise relative tolerance
-        (and the referee's), whichever criterion the dtype uses.
+        ``rtol`` sets both the elementwise and the normwise relative tolerance,
+        whichever criterion the dtype uses.
         """
         if rtol is None and atol is None:
             return self
-        rule = Rule(rtol=rtol, norm_rtol=rtol, referee_rtol=rtol, noise_factor=0.0 if rtol is not None else None,
-                    atol=atol, name=name)
+        rule = Rule(rtol=rtol, norm_rtol=rtol, atol=atol, name=name)
         return replace(self, rules=self.rules + [rule])
 
     @classmethod

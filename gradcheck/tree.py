@@ -184,3 +184,24 @@ def leaf_owner_types(tree, prefix: str = "") -> dict[str, str]:
 
     walk(tree, prefix)
     return out
+
+
+def module_paths(tree, prefix: str = "") -> dict[int, str]:
+    """``id(module)`` -> dotted path of every module in ``tree`` (the root is ``prefix``)."""
+    out: dict[int, str] = {}
+
+    def walk(node, path):
+        if isinstance(node, Module):
+            out.setdefault(id(node), path)
+            for name, kind, inline in node.field_kinds():
+                if kind == CHILD:
+                    walk(getattr(node, name), path if inline else join(path, name))
+        elif isinstance(node, (list, tuple)):
+            for i, v in enumerate(node):
+                walk(v, join(path, i))
+        elif isinstance(node, dict):
+            for k, v in node.items():
+                walk(v, join(path, k))
+
+    walk(tree, prefix)
+    return out

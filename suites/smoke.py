@@ -1,7 +1,7 @@
 """The ``smoke`` suite: a fast subset for CI (well under a minute for three backends on two cores).
 
-One configuration of each main layer family, in float32 and float64, and
-two models (an MLP and a one-block transformer) in float32 at tiny sizes.
+One configuration of each main layer family and two models (an MLP and a
+one-block transformer) at tiny sizes, each checked in float64 and measured in float32.
 Most of the time goes to jax compiling each case once.
 """
 

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import gradcheck.layers as L
-from gradcheck import cost, ops
+from gradcheck import cost, ops, referee
 from gradcheck.case import Case
 from gradcheck.runner import RunOptions, run_case
 
@@ -74,17 +74,17 @@ def _case(sleep_s=0.0):
 
 
 def test_auto_checks_every_leaf_when_the_counted_work_fits_however_long_the_pass_took():
-    # 0.2 s per pass would make every leaf (4 leaves + input: 10 passes) cost 2 s: over a 1 s budget
-    # if the clock decided.  The counted work is microseconds, so every leaf is checked.
-    r = run_case(_case(sleep_s=0.2), RunOptions(backends=("tape",), referee="auto", referee_budget_s=1.0))
+    # 0.1 s per pass would make every leaf (4 leaves + input, four passes each: 20 passes) cost 2 s: over
+    # a 1 s budget if the clock decided.  The counted work is microseconds, so every leaf is checked.
+    r = run_case(_case(sleep_s=0.1), RunOptions(backends=("tape",), referee="auto", referee_budget_s=1.0))
     checked = [x.path for x in r.leaves if x.referee]
-    assert len(checked) == 5 and r.referee_passes == 10, (checked, r.referee_passes)
+    assert len(checked) == 5 and r.referee_passes == 5 * referee.PASSES, (checked, r.referee_passes)
     assert not any(n.startswith("referee: checking each") for n in r.notes)
 
 
 def test_auto_goes_joint_over_budget_and_says_why():
     r = run_case(_case(), RunOptions(backends=("tape",), referee="auto", referee_budget_s=1e-9))
-    assert r.referee_passes == 2 and not any(x.referee for x in r.leaves)
+    assert r.referee_passes == referee.PASSES and not any(x.referee for x in r.leaves)
     note = next(n for n in r.notes if n.startswith("referee: checking each"))
     assert "5 leaves" in note and "budget of 1e-09 s" in note and "--referee leaves" in note
     assert any(n.startswith("referee, joint direction over 5 leaves") for n in r.notes)

@@ -161,7 +161,7 @@ def test_model_spec_options_and_errors():
     with pytest.raises(ValueError, match="block_size=5"):
         m(np.zeros((1, 6), np.int64))
     case = get_model("resnet18").case(input_shape=(3, 64, 64), batch=2, num_classes=10)
-    assert case.name == "resnet18[3x64x64,b2]-float32"
+    assert case.name == "resnet18[3x64x64,b2]"
     model, (x,) = materialise(case)
     assert x.shape == (2, 3, 64, 64) and x.dtype == np.float32 and np.shape(model.fc.weight) == (10, 512)
 

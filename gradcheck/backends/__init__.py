@@ -15,9 +15,6 @@ import numpy as np
 _BY_TYPE: dict[type, str | None] = {}
 _MODULES: dict[str, object] = {}
 
-BACKENDS = ("tape", "torch", "jax")
-
-
 def _classify(t: type) -> str | None:
     root = t.__module__.split(".")[0]
     if t.__module__ == "gradcheck.tape" and t.__name__ == "Tensor":

@@ -7,12 +7,15 @@ returns the loss, with what ``f`` returned and the buffers after the call
 (buffers, frozen params, integer token ids) are inputs too, so new values do
 not recompile; static fields stay Python values, baked into the trace.
 
-The compiled function is cached, keyed by what ``f`` computes (its code and
-the values it closes over), the leaf paths, shapes and dtypes, and the static
-structure of the arguments (module types, static fields, training flags,
-frozen sets), so timing a second call measures the computation and not the
-compilation.  Like ``jax.jit``, a module-level global that ``f`` reads is
-baked in when first traced.
+The compiled function is cached, keyed by the function object itself (as
+``jax.jit`` keys it), the leaf paths, shapes and dtypes, the static structure
+of the arguments (module types, static fields, training flags, frozen sets)
+and, for a float32 run pinned to the float64 kinks, the ops and shapes of the
+pinned calls; so timing a second call measures the computation and not the
+compilation.  A cache must never change a result: what a function computes
+cannot be read off its code and closed-over values (a closed-over helper's
+own closure, a default argument, a global), so a new function object always
+compiles anew.
 
 jax is imported only when this backend is used; float64 is switched on then.
 """
@@ -27,6 +30,7 @@ import types
 
 import numpy as np
 
+from gradcheck import kinks
 from gradcheck.backends import backend_of
 from gradcheck.backends.base import (
     Backend,
@@ -81,8 +85,20 @@ class JaxBackend(Backend):
         other_vals = tuple(_to_jax(jax, leaf) for leaf in other)
         # Called inside an outer jax transformation: stay traced, return jax values.
         nested = any(isinstance(v, jax.core.Tracer) for v in train_vals + other_vals)
-        run, rebuild_cell = self._compiled_run(jax, f, args, prefixes, leaves, train, other, jit and not nested)
-        (loss, (arrays, buffers)), grads = run(train_vals, other_vals)
+        # A float32 run pinned to the float64 reference's kinks (gradcheck.kinks): the decisions are inputs
+        # of the compiled function, not constants baked into it, and the crossings come back as outputs.
+        state = kinks.active()
+        pin = state if state is not None and state.mode == "pin" and not nested else None
+        decisions = kinks.decision_arrays(pin.recording) if pin else []
+        pin_vals = tuple(jax.device_put(d) for d in decisions)
+        pin_spec = tuple((b.op, b.shape, d.shape, str(d.dtype)) for b, d in zip(pin.recording.branches, decisions)
+                         ) if pin else None
+        run, rebuild_cell = self._compiled_run(jax, f, args, prefixes, leaves, train, other, jit and not nested,
+                                               pin_spec)
+        with kinks.suspended():
+            (loss, (arrays, buffers, crossed)), grads = run(train_vals, other_vals, pin_vals, pin)
+        if pin is not None:
+            pin.crossed = [np.asarray(c) for c in crossed]
         keep = (lambda x: x) if nested else _numpy
         return Evaluation(
             value=rebuild_cell["value"]([keep(a) for a in arrays]),
@@ -92,8 +108,8 @@ class JaxBackend(Backend):
         )
 
     # -- compilation and its cache -------------------------------------------
-    def _compiled_run(self, jax, f, args, prefixes, leaves, train, other, jit):
-        key = _cache_key(f, args, prefixes, leaves, train) if jit else None
+    def _compiled_run(self, jax, f, args, prefixes, leaves, train, other, jit, pin_spec=None):
+        key = _cache_key(f, args, prefixes, leaves, train, pin_spec) if jit else None
         if key is not None and key in self._compiled:
             self._compiled.move_to_end(key)
             return self._compiled[key]
@@ -102,12 +118,19 @@ class JaxBackend(Backend):
         pure = self._pure(f, skeleton, prefixes, [leaf.path for leaf in train], [leaf.path for leaf in other],
                           rebuild_cell)
         if train:
-            run = jax.value_and_grad(pure, argnums=0, has_aux=True)
+            grad_run = jax.value_and_grad(pure, argnums=0, has_aux=True)
         else:  # nothing to differentiate (every leaf frozen or integer)
-            def run(train_vals, other_vals):
-                return pure(train_vals, other_vals), ()
+            def grad_run(train_vals, other_vals, pin_vals, pin):
+                return pure(train_vals, other_vals, pin_vals, pin), ()
         if jit:
-            run = jax.jit(run)
+            # The pin state is Python bookkeeping read while tracing: static, and not part of the key (its
+            # decisions are the traced pin_vals; their ops and shapes are in the key).
+            compiled = jax.jit(lambda t, o, p, pin_box: grad_run(t, o, p, pin_box.state), static_argnums=3)
+
+            def run(train_vals, other_vals, pin_vals, pin):
+                return compiled(train_vals, other_vals, pin_vals, _Static(pin))
+        else:
+            run = grad_run
         entry = (run, rebuild_cell)
         if key is not None:
             self._compiled[key] = entry
@@ -116,15 +139,21 @@ class JaxBackend(Backend):
         return entry
 
     def _pure(self, f, skeleton, prefixes, train_paths, other_paths, rebuild_cell):
-        def pure(train_vals, other_vals):
+        def pure(train_vals, other_vals, pin_vals, pin):
             self.traces += 1
             values = dict(zip(other_paths, other_vals, strict=True))
             values.update(zip(train_paths, train_vals, strict=True))
             targs = [map_leaves(s, lambda path, v, kind: values[path], p) for s, p in zip(skeleton, prefixes, strict=True)]
-            loss, value = split_output(f(*targs))
+            if pin is None:
+                loss, value = split_output(f(*targs))
+                crossed = []
+            else:
+                with kinks.resumed(pin), kinks.decisions_as(pin, pin_vals) as state:
+                    loss, value = split_output(f(*targs))
+                    crossed = list(state.crossed)
             arrays, rebuild_cell["value"] = _split_arrays(value)
             buffers = {leaf.path: leaf.value for leaf in all_leaves(targs, prefixes) if leaf.kind == "buffer"}
-            return _scalar_loss(loss), (arrays, buffers)
+            return _scalar_loss(loss), (arrays, buffers, crossed)
 
         return pure
 
@@ -212,11 +241,29 @@ class _Uncacheable(Exception):
 _MAX_DEPTH = 64
 
 
-def _cache_key(f, args, prefixes, leaves, train):
+class _Static:
+    """The pin state as a static argument of ``jax.jit``: hashed by identity of nothing (all equal).
+
+    What the trace reads from it (op names and shapes) is in the cache key already.
+    """
+
+    __slots__ = ("state",)
+
+    def __init__(self, state):
+        self.state = state
+
+    def __hash__(self):
+        return 0
+
+    def __eq__(self, other):
+        return isinstance(other, _Static)
+
+
+def _cache_key(f, args, prefixes, leaves, train, pin_spec=None):
     try:
         spec = tuple((leaf.path, leaf.kind, tuple(leaf.value.shape), str(leaf.value.dtype)) for leaf in leaves)
         structure = tuple(_walked_signature(a, 0) for a in args)
-        key = (_callable_signature(f), tuple(prefixes), spec, tuple(leaf.path for leaf in train), structure)
+        key = (_function_key(f), tuple(prefixes), spec, tuple(leaf.path for leaf in train), structure, pin_spec)
         hash(key)
     except (_Uncacheable, TypeError):
         return None
@@ -265,8 +312,11 @@ def _static_signature(x, depth):
         return (type(x), tuple((k, _static_signature(v, depth + 1)) for k, v in sorted(vars(x).items())))
     if _is_array(x):
         return _array_content(x)
-    if isinstance(x, functools.partial) or inspect.ismethod(x):
-        return _callable_signature(x, depth + 1)
+    if isinstance(x, functools.partial):  # a partial made once per layer: its function by identity
+        return (functools.partial, _Identity(x.func), _static_signature(x.args, depth + 1),
+                _static_signature(x.keywords, depth + 1))
+    if inspect.ismethod(x):
+        return ("method", _Identity(x.__func__), _static_signature(x.__self__, depth + 1))
     try:
         hash(x)  # functions and plain objects: by identity (the key keeps them alive)
     except TypeError:
@@ -274,48 +324,45 @@ def _static_signature(x, depth):
     return (type(x), x)
 
 
-_FUNCTION_DEPTH = 3  # closures inside closures are compared by code this deep, then by identity
+def _function_key(f, depth=0):
+    """``f`` by identity, as ``jax.jit`` keys it, and what it closes over by value.
 
-
-def _callable_signature(f, depth=0):
-    """What ``f`` computes: its code and what it closes over, compared by value.
-
-    A closure created anew for every call (``lambda m, x: loss(m(x), r)``)
-    is the same computation as the last one when its code and closed-over
-    values are, so it reuses the compiled function; a rebound closed-over
-    name (a new cotangent, a new scale) compiles again.
+    Identity, because what a function computes cannot be read off its code
+    and closed-over values alone (a closed-over helper's own closure, a
+    default argument); the values too, because a closed-over name rebound
+    (a new scale, a list changed in place) changes what the same function
+    object computes.  Closed-over functions are keyed the same way, a few
+    levels deep.  Module-level globals are read when first traced, as
+    ``jax.jit`` does.
     """
     _deeper(depth)
     if isinstance(f, functools.partial):
-        return (functools.partial, _callable_signature(f.func, depth + 1),
-                _static_signature(f.args, depth + 1), _static_signature(f.keywords, depth + 1))
+        return (functools.partial, _function_key(f.func, depth + 1), _static_signature(f.args, depth + 1),
+                _static_signature(f.keywords, depth + 1))
     if inspect.ismethod(f):
-        return ("method", _callable_signature(f.__func__, depth + 1), _static_signature(f.__self__, depth + 1))
-    if isinstance(f, types.FunctionType):
-        cells = []
-        for cell in f.__closure__ or ():
-            try:
-                cells.append(_closed_over_signature(cell.cell_contents, depth + 1))
-            except ValueError:  # a cell not yet assigned
-                cells.append("<empty>")
-        defaults = tuple(_closed_over_signature(v, depth + 1) for v in f.__defaults__ or ())
-        kwdefaults = tuple((k, _closed_over_signature(v, depth + 1)) for k, v in (f.__kwdefaults__ or {}).items())
-        # The globals dict by identity: the same code in another module is another function.
-        return ("function", f.__code__, _Identity(f.__globals__), tuple(cells), defaults, kwdefaults)
-    return _static_signature(f, depth + 1)
+        return ("method", _function_key(f.__func__, depth + 1), _static_signature(f.__self__, depth + 1))
+    if not isinstance(f, types.FunctionType):
+        return _static_signature(f, depth + 1)
+    if depth > _FUNCTION_DEPTH:
+        return _Identity(f)
+
+    def value(x):
+        if isinstance(x, (types.FunctionType, functools.partial, types.MethodType)):
+            return _function_key(x, depth + 1)
+        return _static_signature(x, depth + 1)
+
+    cells = []
+    for cell in f.__closure__ or ():
+        try:
+            cells.append(value(cell.cell_contents))
+        except ValueError:  # a cell not yet assigned
+            cells.append("<empty>")
+    defaults = tuple(value(v) for v in f.__defaults__ or ())
+    kwdefaults = tuple((k, value(v)) for k, v in (f.__kwdefaults__ or {}).items())
+    return ("function", _Identity(f), tuple(cells), defaults, kwdefaults)
 
 
-def _closed_over_signature(x, depth):
-    """A value f closes over: functions by code, the rest by value.
-
-    Containers are compared by content, arrays in them included: a list of
-    cotangents changed in place must not reuse a stale compilation (a list
-    that grows on every call, such as a log, only costs recompilations).
-    Other objects compare by identity, as ``jax.jit`` treats closures.
-    """
-    if isinstance(x, (types.FunctionType, functools.partial, types.MethodType)) and depth <= _FUNCTION_DEPTH:
-        return _callable_signature(x, depth)
-    return _static_signature(x, depth)
+_FUNCTION_DEPTH = 3
 
 
 class _Identity:

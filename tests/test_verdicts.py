@@ -1,0 +1,227 @@
+"""The two-part verdict: float64 decides (blame from the referee or a majority), float32 is measured
+against float64, and kinks are pinned to the float64 branch so that rounding alone is measured."""
+
+from __future__ import annotations
+
+import contextlib
+
+import numpy as np
+import pytest
+
+import gradcheck
+import gradcheck.layers as L
+from gradcheck import kinks, ops, verdict
+from gradcheck.case import Case
+from gradcheck.results import LeafResult, PairResult, RefereeCheck
+from gradcheck.runner import RunOptions, run_case
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("jax")
+
+ALL = ("tape", "torch", "jax")
+
+
+def leaf(result, path):
+    return next(x for x in result.leaves if x.path == path)
+
+
+# ---------------------------------------------------------------- blame from evidence
+def _leaf(pairs, referee=()):
+    out = LeafResult(path="w", role="param", verdict="disagree" if any(v == "disagree" for *_, v in pairs) else "agree")
+    out.pairs = [PairResult(backend=b, reference=r, verdict=v, headroom=2.0 if v == "disagree" else 0.1,
+                            message=f"{b} vs {r}") for b, r, v in pairs]
+    return verdict.decide(out, ["torch", "jax", "tape"], list(referee))
+
+
+def _check(backend, agrees, stable=True):
+    return RefereeCheck(backend=backend, directional=1.0, numeric=1.0, error=0.5 if agrees else 3.0, agrees=agrees,
+                        stable=stable, resolution=1e-9)
+
+
+ODD_TORCH = [("jax", "torch", "disagree"), ("tape", "torch", "disagree"), ("tape", "jax", "agree")]
+
+
+def test_a_clear_majority_blames_the_odd_one_out_when_the_referee_cannot_resolve():
+    x = _leaf(ODD_TORCH, [_check(b, True) for b in ALL])
+    assert x.verdict == "disagree" and x.blame == ["torch"]
+    assert "by majority" in x.message and "resolution" in x.message
+
+
+def test_the_referee_decides_where_it_separates_the_backends():
+    x = _leaf(ODD_TORCH, [_check("torch", False), _check("jax", True), _check("tape", True)])
+    assert x.blame == ["torch"] and "float64 referee and jax and tape agree" in x.message
+
+
+def test_blame_never_contradicts_an_unstable_referee_and_says_why():
+    x = _leaf(ODD_TORCH, [_check(b, b != "torch", stable=False) for b in ALL])
+    assert x.blame == ["torch"] and "abstained" in x.message
+
+
+def test_no_majority_and_no_referee_blame_nobody():
+    pairs = [("jax", "torch", "disagree"), ("tape", "torch", "disagree"), ("tape", "jax", "disagree")]
+    x = _leaf(pairs)
+    assert x.verdict == "disagree" and x.blame == [] and "neither a majority nor the referee decides" in x.message
+
+
+# ---------------------------------------------------------------- float32 measured against float64
+def test_float32_part_names_the_imprecise_backend_with_both_numbers():
+    g64 = np.linspace(1.0, 2.0, 50)
+    arrays64 = {b: g64 for b in ALL}
+    arrays32 = {"torch": (g64 * (1 + 1e-7)).astype(np.float32), "tape": (g64 * (1 + 2e-7)).astype(np.float32),
+                "jax": (g64 * (1 + 3e-3)).astype(np.float32)}
+    part = verdict.float32_part(arrays32, arrays64, factor=10.0, floor=1e-4)
+    assert part.verdict == "imprecise" and part.imprecise == ["jax"]
+    assert "jax float32 is" in part.message and "further from float64 than torch" in part.message
+
+
+def test_float32_computed_in_float64_is_structural():
+    g = np.ones(3)
+    part = verdict.float32_part({"tape": g, "torch": g.astype(np.float32)}, {"tape": g, "torch": g}, 10.0, 1e-4)
+    assert part.verdict == "structural" and part.imprecise == ["tape"] and "in float64" in part.message
+
+
+def conv_relu_bn(rng):
+    return L.Chain(L.Conv2d(3, 4, 3, padding=1, rng=rng), L.BatchNorm2d(4), L.ReLU(),
+                   L.Conv2d(4, 2, 3, rng=rng), L.Flatten(), L.Dense(2 * 6 * 6, 3, rng=rng))
+
+
+CONV_CASE = Case("conv_relu_bn", conv_relu_bn, lambda rng: (rng.standard_normal((2, 3, 8, 8)),))
+
+
+@contextlib.contextmanager
+def torch_conv_through_bfloat16():
+    """A float32-only defect: torch's float32 convolutions (forward and backward) run in bfloat16."""
+    from gradcheck.backends import torch_ops
+
+    original = torch_ops.conv
+
+    def conv(x, w, bias=None, *args, **kwargs):
+        if x.dtype == torch.float32:
+            b = None if bias is None else bias.bfloat16()
+            return original(x.bfloat16(), w.bfloat16(), b, *args, **kwargs).float()
+        return original(x, w, bias, *args, **kwargs)
+
+    torch_ops.conv = conv
+    try:
+        yield
+    finally:
+        torch_ops.conv = original
+
+
+def test_a_float32_only_defect_is_imprecise_on_that_backend_and_warns_by_default():
+    with torch_conv_through_bfloat16():
+        r = run_case(CONV_CASE, RunOptions(backends=ALL))
+    assert r.verdict == "agree", [(x.path, x.message) for x in r.failing_leaves()]  # float64 is untouched
+    assert r.float32 == "imprecise"
+    w = leaf(r, "0.weight").float32
+    assert w.verdict == "imprecise" and w.imprecise == ["torch"], w
+    assert w.errors["torch"] > 100 * max(w.errors["tape"], w.errors["jax"])
+
+
+def test_imprecise_fails_the_case_when_asked():
+    with torch_conv_through_bfloat16():
+        r = run_case(CONV_CASE, RunOptions(backends=ALL, imprecise="fail"))
+    assert r.verdict == "imprecise" and r.failed
+    assert leaf(r, "0.weight").verdict == "imprecise" and leaf(r, "0.weight").blame == ["torch"]
+
+
+def test_correct_backends_are_not_imprecise():
+    r = run_case(CONV_CASE, RunOptions(backends=ALL))
+    assert r.verdict == "agree" and r.float32 == "ok"
+
+
+# ---------------------------------------------------------------- kinks
+def kinked(rng):
+    """Relu inputs (1 + 2**-30) - 1, which is 2**-30 in float64 and exactly 0 in float32, 1, and 2**-30."""
+    dense = L.Dense(2, 3, activation=ops.relu, rng=rng)
+    dense.weight = np.array([[1.0, 1.0], [1.0, 0.0], [0.0, 1.0]], np.float32)
+    dense.bias = np.array([-1.0, 0.0, 0.0], np.float32)
+    return L.Chain(dense, L.Dense(3, 2, rng=rng))
+
+
+KINK_CASE = Case("kinked", kinked, lambda rng: (np.array([[1.0, 2.0**-30]], np.float32),))
+
+
+def test_a_kink_crossing_is_pinned_reported_and_not_imprecise():
+    r = run_case(KINK_CASE, RunOptions(backends=ALL))
+    assert r.verdict == "agree" and r.float32 == "ok", [(x.path, x.float32) for x in r.leaves]
+    [kink] = [k for k in r.kinks if k.op == "relu"]
+    assert kink.layer == "0" and kink.near == 2 and kink.min_distance < 1e-8  # the first and the last input
+    assert kink.crossed == {b: 1 for b in ALL}  # every float32 forward puts the first on 0, float64 above it
+    assert max(leaf(r, "0.weight").float32.errors.values()) < 1e-6
+
+
+def test_without_pinning_the_same_crossing_moves_float32_by_order_one(monkeypatch):
+    # Negative control: the pinning is what keeps the crossing out of the float32 errors.
+    monkeypatch.setattr(kinks, "pinned", lambda rec: contextlib.nullcontext(kinks._State("pin", rec, str)))
+    monkeypatch.setattr(kinks, "call", lambda state, name, run, args, kwargs: run(*args, **kwargs))
+    r = run_case(KINK_CASE, RunOptions(backends=ALL))
+    assert min(leaf(r, "0.weight").float32.errors.values()) > 0.5
+
+
+def test_pinned_float32_takes_the_float64_branch_on_every_backend():
+    x64 = np.array([1e-9, -2.0, 3.0, -1e-9])
+
+    def f(x):
+        y = ops.relu(x)
+        pooled = ops.max_pool2d(ops.reshape(ops.concatenate([y, x]), (1, 1, 2, 4)), 2)
+        return ops.sum(pooled) + ops.max(x) + ops.sum(ops.where(ops.greater(x, 0.0), x, 0.0))
+
+    with kinks.recording() as rec:
+        f(x64)
+    crossed32 = np.array([-1e-9, -2.0, 3.0, 1e-9], np.float32)  # the first and last elements cross
+    expected = gradcheck.withgradient(f, x64, backend="tape")[1][0]
+    for backend in ALL:
+        with kinks.pinned(rec):
+            _, (g,) = gradcheck.withgradient(f, crossed32, backend=backend)
+        np.testing.assert_allclose(g, expected, err_msg=backend)
+        _, (unpinned,) = gradcheck.withgradient(f, crossed32, backend=backend)
+        assert not np.allclose(unpinned, expected), backend  # the crossing is real without the pin
+
+
+def test_a_pinned_run_that_calls_other_ops_is_a_mismatch():
+    with kinks.recording() as rec:
+        ops.relu(np.ones(3))
+    with kinks.pinned(rec), pytest.raises(kinks.KinkMismatch, match="max_pool2d|abs"):
+        ops.abs(np.ones(3, np.float32))
+
+
+# ---------------------------------------------------------------- jax's compile cache
+def test_jax_gives_each_closure_its_own_gradient():
+    x = np.ones(3)
+
+    def make(k):
+        return lambda v: ops.mul(v, k)
+
+    for k in (1.0, 5.0):
+        s = make(k)
+        _, (g,) = gradcheck.withgradient(lambda v: ops.sum(s(v)), x, backend="jax")  # noqa: B023
+        np.testing.assert_array_equal(g, [k] * 3)
+
+
+def test_jax_gives_each_default_argument_its_own_gradient():
+    x = np.ones(3)
+    for k in (1.0, 5.0):
+        def scale(v, k=k):
+            return ops.mul(v, k)
+
+        _, (g,) = gradcheck.withgradient(lambda v: ops.sum(scale(v)), x, backend="jax")  # noqa: B023
+        np.testing.assert_array_equal(g, [k] * 3)
+
+
+def test_a_max_pool_tie_in_float32_only_takes_the_float64_maximum():
+    # Window [1, 1 + 2**-30]: the second is the maximum in float64; in float32 the two tie, and a kernel gives
+    # the gradient to the first.  Pinned, every backend's float32 gradient goes to the second.
+    def build(rng):
+        dense = L.Dense(2, 2, rng=rng)
+        dense.weight = np.array([[1.0, 0.0], [1.0, 1.0]], np.float32)
+        dense.bias = np.zeros(2, np.float32)
+        return dense
+
+    case = Case("pool_tie", build, lambda rng: (np.array([[1.0, 2.0**-30]], np.float32),),
+                forward=lambda m, x: ops.max_pool2d(ops.reshape(m(x), (1, 1, 1, 2)), (1, 2)))
+    r = run_case(case, RunOptions(backends=ALL))
+    assert r.verdict == "agree" and r.float32 == "ok", [(x.path, x.float32) for x in r.leaves]
+    assert max(leaf(r, "weight").float32.errors.values()) < 1e-6
+    [kink] = [k for k in r.kinks if k.op == "max_pool2d"]
+    assert kink.near == 1
