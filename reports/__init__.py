@@ -2,6 +2,8 @@
 
 Every renderer takes a :class:`gradcheck.results.RunResult` and nothing else,
 so ``gradcheck report`` can re-render any of them from stored JSON results.
+The sentences they share (and ``assert_gradients_agree``'s message) are made
+in :mod:`gradcheck.reports.text`.
 """
 
 from __future__ import annotations
@@ -12,8 +14,8 @@ from ._common import write_text
 from .github import github_annotations
 from .html import render_html, write_html
 from .junit import render_junit, write_junit
-from .markdown import render_markdown, write_markdown
-from .terminal import render_summary
+from .markdown import render_markdown
+from .terminal import progress_bar, progress_line, render_summary
 
 
 def write_json(run: RunResult, path):
@@ -23,6 +25,8 @@ def write_json(run: RunResult, path):
 
 __all__ = [
     "github_annotations",
+    "progress_bar",
+    "progress_line",
     "render_html",
     "render_junit",
     "render_markdown",
@@ -30,5 +34,5 @@ __all__ = [
     "write_html",
     "write_json",
     "write_junit",
-    "write_markdown",
+    "write_text",
 ]

@@ -1,8 +1,13 @@
-"""Helpers every renderer shares: number formatting, per-leaf summaries, run counts, file writing.
+"""Helpers every renderer shares: number formatting, per-leaf numbers, run counts, file writing.
 
 Each output (terminal, HTML, Markdown, JUnit, annotations) must say the same
 thing about the same leaf — the same "worst pair", the same rounding — so a
 person who reads the CI log and then opens the HTML report sees one story.
+The sentences themselves live in ``reports/text.py``; this module holds the
+numbers they are made of.
+
+Which leaves fail is decided in one place, ``LeafResult.failing`` (a vacuous
+leaf is never a failure of its own); every renderer asks it.
 """
 
 from __future__ import annotations
@@ -14,7 +19,13 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from gradcheck.results import FAILING, VERDICTS, CaseResult, LeafResult, PairResult, RunResult
+from gradcheck.results import (
+    CaseResult,
+    Float32Result,
+    LeafResult,
+    PairResult,
+    RunResult,
+)
 
 # A short, fixed label per verdict: reports never rely on colour alone.
 SYMBOL = {
@@ -23,32 +34,13 @@ SYMBOL = {
     "structural": "≠",
     "nonfinite": "∞",
     "error": "!",
+    "imprecise": "≈",
     "vacuous": "∅",
     "skipped": "–",
 }
-
-# Headline per run verdict (the worst case verdict).
-HEADLINE = {
-    "agree": "All gradients agree",
-    "disagree": "Gradients disagree",
-    "structural": "Gradients differ in structure",
-    "nonfinite": "Gradients are not finite",
-    "error": "The run hit errors",
-    "vacuous": "Some checks were vacuous",
-    "skipped": "Everything was skipped",
-}
-
-_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
-
-
-def clean_line(text) -> str:
-    """One printable line: control characters (ANSI escapes, NULs) become visible, newlines spaces.
-
-    Case names and layer paths come from user code; a stray escape sequence in
-    one must not recolour a CI log or hide the text after it.
-    """
-    text = str(text).replace("\r\n", " ").replace("\n", " ").replace("\r", " ")
-    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
+# Float32Result.verdict values that flag a leaf (FLOAT32_VERDICTS minus "unmeasured" and "ok").
+FLOAT32_FLAGGED = ("structural", "nonfinite", "imprecise")
+GRADIENT_ROLES = ("param", "input")
 
 
 def fmt(x, digits: int = 3) -> str:
@@ -89,13 +81,8 @@ def fmt_index(index) -> str:
     return "[" + ", ".join(str(i) for i in index) + "]" if index else "[]"
 
 
-def verdict_rank(verdict: str) -> int:
-    """0 for the worst verdict; unknown verdicts (a newer writer) sort as the worst."""
-    return VERDICTS.index(verdict) if verdict in VERDICTS else -1
-
-
-def is_failing(verdict: str) -> bool:
-    return verdict in FAILING or verdict not in VERDICTS
+def finite(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 
 def worst_pair(leaf: LeafResult) -> PairResult | None:
@@ -140,12 +127,81 @@ def reason(leaf: LeafResult) -> str:
     return leaf.message.split(" — ", 1)[0]
 
 
+# ---------------------------------------------------------------- which leaves
 def failing_leaves(case: CaseResult) -> list[LeafResult]:
-    return [leaf for leaf in case.leaves if is_failing(leaf.verdict)]
+    """The one rule (``LeafResult.failing``): vacuous leaves are never failures of their own."""
+    return case.failing_leaves()
+
+
+def vacuous_leaves(case: CaseResult) -> list[LeafResult]:
+    return [leaf for leaf in case.leaves if leaf.verdict == "vacuous"]
+
+
+def f32_flagged(leaf: LeafResult) -> bool:
+    """The leaf's float32 result is too far from float64 on some backend (or not finite, or misshapen)."""
+    f = leaf.float32
+    return f is not None and (f.verdict in FLOAT32_FLAGGED or bool(f.imprecise))
+
+
+def imprecise_leaves(case: CaseResult) -> list[LeafResult]:
+    """Flagged float32 leaves that are not already failures: warnings under ``imprecise="warn"``.
+
+    Under ``"fail"`` the comparison marks such a leaf ``imprecise`` (a failing
+    verdict) and it is listed with the failures; one whose verdict was left as
+    it was is listed here, and the renderers call it a failure then too.
+    """
+    return [leaf for leaf in case.leaves if f32_flagged(leaf) and not leaf.failing]
+
+
+def imprecise_fails(case: CaseResult) -> bool:
+    return case.imprecise == "fail"
+
+
+def f32_ratio(f: Float32Result, backend: str) -> float | None:
+    """How many times further from float64 ``backend``'s float32 result is than the best backend's."""
+    err, best = f.errors.get(backend), f.errors.get(f.best)
+    if not finite(err) or best is None:
+        return math.inf if err is not None and not finite(err) else None
+    if not finite(best):
+        return None
+    if best == 0:
+        return 1.0 if err == 0 else math.inf
+    return err / best
+
+
+def f32_worst(leaf: LeafResult) -> tuple[str, float] | None:
+    """The backend furthest from the best on this leaf, and its ratio (None without a float32 part)."""
+    f = leaf.float32
+    if f is None or not f.errors:
+        return None
+    out = None
+    for b in f.errors:
+        if b == f.best:
+            continue
+        r = f32_ratio(f, b)
+        if r is not None and (out is None or _num(r) > _num(out[1])):
+            out = (b, r)
+    return out
+
+
+def case_f32_worst(case: CaseResult) -> tuple[str, float, str] | None:
+    """(backend, ratio, leaf path) of the largest float32 ratio in the case."""
+    out = None
+    for leaf in case.leaves:
+        w = f32_worst(leaf)
+        if w is not None and (out is None or _num(w[1]) > _num(out[1])):
+            out = (w[0], w[1], leaf.path)
+    return out
+
+
+def f32_leaves(case: CaseResult) -> list[LeafResult]:
+    """Gradient leaves with a float32 part, in forward order: the x axis of the precision chart."""
+    return [leaf for leaf in case.leaves if leaf.float32 is not None and leaf.role in GRADIENT_ROLES]
 
 
 def case_headroom(case: CaseResult) -> float | None:
-    values = [LeafNumbers.of(leaf).headroom for leaf in case.leaves if leaf.pairs]
+    """The worst headroom of the case; vacuous leaves (rounding noise around zero) are left out."""
+    values = [LeafNumbers.of(leaf).headroom for leaf in case.leaves if leaf.pairs and leaf.verdict != "vacuous"]
     return max(values, key=_num) if values else None
 
 
@@ -163,14 +219,37 @@ def backends_of(run: RunResult) -> list[str]:
     return list(seen)
 
 
+def timing_parts(t) -> tuple:
+    """(float32 first, float32 second, float64) seconds of a Timing; older results have no float64."""
+    return t.first, t.second, getattr(t, "float64", None)
+
+
 def case_time(case: CaseResult) -> float:
-    """Seconds the case's backends spent (first and second calls), for CI time columns."""
+    """Seconds the case's backends spent (float32 first and second calls, float64 call), for CI time columns."""
     total = 0.0
     for t in case.timings.values():
-        for s in (t.first, t.second):
-            if s is not None and math.isfinite(s) and s > 0:
+        for s in timing_parts(t):
+            if finite(s) and s > 0:
                 total += s
     return total
+
+
+def incomplete(run: RunResult) -> bool:
+    """Interrupted, or fewer cases than planned ran: never to be read as a pass."""
+    return bool(run.interrupted) or (run.planned is not None and len(run.cases) < run.planned)
+
+
+def run_status(run: RunResult) -> str:
+    """The word a report leads with: ``interrupted``, ``empty``, the worst failing verdict, or ``agree``."""
+    if incomplete(run):
+        return "interrupted"
+    if not run.cases:
+        return "empty"
+    return run.verdict if run.failed else "agree"
+
+
+def run_failed(run: RunResult) -> bool:
+    return run.failed or incomplete(run)
 
 
 @dataclass
@@ -180,6 +259,9 @@ class RunCounts:
     compared: int
     agreeing: int
     failing_leaves: int
+    vacuous: int
+    imprecise: int  # flagged float32 leaves that are not failures (warnings under "warn")
+    kinks_crossed: int
     by_verdict: dict[str, int]
     blamed: dict[str, int]
 
@@ -187,42 +269,30 @@ class RunCounts:
     def of(cls, run: RunResult) -> RunCounts:
         by_verdict: dict[str, int] = {}
         blamed: dict[str, int] = {}
+        failing = vacuous = imprecise = crossed = 0
         for case in run.cases:
             for leaf in case.leaves:
                 by_verdict[leaf.verdict] = by_verdict.get(leaf.verdict, 0) + 1
-                if is_failing(leaf.verdict):
+                if leaf.failing:
+                    failing += 1
                     for b in leaf.blame:
                         blamed[b] = blamed.get(b, 0) + 1
+                elif leaf.verdict == "vacuous":
+                    vacuous += 1
+            imprecise += len(imprecise_leaves(case))
+            crossed += sum(1 for k in case.kinks if any(v for v in k.crossed.values()))
         return cls(
             cases=len(run.cases),
             failed_cases=sum(1 for c in run.cases if c.failed),
             compared=sum(compared(c) for c in run.cases),
             agreeing=by_verdict.get("agree", 0),
-            failing_leaves=sum(n for v, n in by_verdict.items() if is_failing(v)),
+            failing_leaves=failing,
+            vacuous=vacuous,
+            imprecise=imprecise,
+            kinks_crossed=crossed,
             by_verdict=by_verdict,
             blamed=blamed,
         )
-
-
-def run_sentence(run: RunResult) -> str:
-    """One line a person can read out: what happened overall."""
-    n = RunCounts.of(run)
-    if not run.cases:
-        return "no case ran"
-    parts = [f"{n.failed_cases} of {n.cases} case{'s' if n.cases != 1 else ''} failed"
-             if n.failed_cases else f"all {n.cases} case{'s' if n.cases != 1 else ''} passed"]
-    roles: dict[str, int] = {}
-    for case in run.cases:
-        for leaf in case.leaves:
-            if leaf.verdict != "skipped":
-                roles[leaf.role] = roles.get(leaf.role, 0) + 1
-    # Say what the leaves are: "62 parameter gradients" is what a reader counts on.
-    names = {"param": "parameter gradient", "input": "input gradient", "output": "output", "buffer": "buffer"}
-    detail = ", ".join(f"{roles[r]} {names[r]}{'s' if roles[r] != 1 else ''}" for r in names if roles.get(r))
-    parts.append(f"{n.agreeing} of {n.compared} leaves agree" + (f" ({detail})" if detail else ""))
-    if n.blamed:
-        parts.append("blamed: " + ", ".join(f"{b} ×{k}" for b, k in sorted(n.blamed.items(), key=lambda kv: -kv[1])))
-    return "; ".join(parts)
 
 
 def write_text(path, text: str) -> Path:

@@ -1,15 +1,28 @@
-"""GitHub Actions workflow commands (``::error``) so failing leaves show up as annotations on the run.
+"""GitHub Actions workflow commands so failures show up as annotations on the run.
 
-GitHub shows at most 10 error annotations per step (50 per job), so the list
-is capped: the last slot says how many more there are instead of silently
-dropping them.
+``::error`` per failing leaf or backend error (the exception first, where it
+was raised after), an interrupted run, an empty one; ``::warning`` once per
+case with float32-imprecise leaves (under ``imprecise="warn"``) and once per
+unavailable backend, however many cases noted it.  GitHub shows at most 10
+error and 10 warning annotations per step, so each list is capped: the last
+error slot says how many more there are instead of silently dropping them.
 """
 
 from __future__ import annotations
 
 from gradcheck.results import RunResult
 
-from ._common import LeafNumbers, blame_text, clean_line, failing_leaves, fmt, reason
+from ._common import failing_leaves, imprecise_fails, imprecise_leaves, incomplete
+from .text import (
+    case_failure,
+    clean_line,
+    error_line,
+    imprecise_sentence,
+    leaf_sentence,
+    run_sentence,
+    unavailable_notices,
+    unavailable_sentence,
+)
 
 
 def _escape_data(text: str) -> str:
@@ -23,34 +36,34 @@ def _escape_property(text: str) -> str:
 
 
 def _command(kind: str, title: str, message: str) -> str:
-    return f"::{kind} title={_escape_property(clean_line(title))}::{_escape_data(message)}"
+    return f"::{kind} title={_escape_property(clean_line(title))}::{_escape_data(clean_line(message))}"
 
 
 def github_annotations(run: RunResult, limit: int = 10) -> list[str]:
-    """``::error`` lines, one per failing leaf or backend error, then ``::warning`` per unavailable backend."""
+    """``::error`` lines (failures), then ``::warning`` lines (float32 warnings, unavailable backends)."""
     errors: list[str] = []
     warnings: list[str] = []
-    if not run.cases:
-        errors.append(_command("error", "gradcheck: no case ran", "the run produced no case results"))
+    if incomplete(run):
+        errors.append(_command("error", "gradcheck: run incomplete", run_sentence(run)))
+    elif not run.cases:
+        errors.append(_command("error", "gradcheck: nothing was checked", run_sentence(run)))
     for case in run.cases:
         for backend, text in case.errors.items():
-            last = next((ln for ln in reversed(str(text).splitlines()) if ln.strip()), str(text))
-            errors.append(_command("error", f"gradcheck {case.name}: {backend} error", clean_line(last)))
+            errors.append(_command("error", f"gradcheck {case.name}: {backend} error", error_line(text)))
         for leaf in failing_leaves(case):
-            n = LeafNumbers.of(leaf)
-            msg = f"{leaf.path}: {leaf.verdict}"
-            if n.headroom is not None:
-                msg += f", max rel diff {fmt(n.max_rel)}, max abs diff {fmt(n.max_abs)}, headroom {fmt(n.headroom)}"
-            msg += f"; blamed: {blame_text(leaf)}"
-            if reason(leaf):
-                msg += f" ({reason(leaf)})"
-            errors.append(_command("error", f"gradcheck {case.name}: {leaf.path} {leaf.verdict}", clean_line(msg)))
-        for backend, why in case.unavailable.items():
-            warnings.append(_command("warning", f"gradcheck {case.name}: {backend} unavailable", clean_line(why)))
+            errors.append(_command("error", f"gradcheck {case.name}: {leaf.path} {leaf.verdict}", leaf_sentence(leaf)))
+        flagged = imprecise_leaves(case)
+        if case.failed and not case.errors and not failing_leaves(case):
+            errors.append(_command("error", f"gradcheck {case.name}: {case.verdict}", case_failure(case)))
+        elif flagged and not imprecise_fails(case):
+            first = imprecise_sentence(flagged[0])
+            more = f" (and {len(flagged) - 1} more leaves)" if len(flagged) > 1 else ""
+            warnings.append(_command("warning", f"gradcheck {case.name}: float32 imprecise", first + more))
+    for backend, why, n in unavailable_notices(run):
+        warnings.append(_command("warning", f"gradcheck: {backend} unavailable", unavailable_sentence(backend, why, n)))
     if len(errors) > limit:
         more = len(errors) - (limit - 1)
         errors = errors[: limit - 1] + [_command(
             "error", f"gradcheck: {more} more failures",
             f"{more} more failing leaves or errors; see the job summary or the HTML report")]
-    # Unavailable backends repeat per case; one warning per distinct message is enough.
     return errors + list(dict.fromkeys(warnings))[:limit]

@@ -5,6 +5,10 @@ takes the worst verdict beneath it, so a disagreement deep inside ResNet's
 layer3 colours layer3 and is visible with everything else collapsed.
 Native ``<details>`` elements do the collapsing: no script needed, and a
 disagreement's branch is rendered ``open``.
+
+Layers appear in forward order and each layer's parameters before its
+buffers: the comparison lists forward outputs and updated buffers before the
+gradients, so the tree is built from the gradient leaves first.
 """
 
 from __future__ import annotations
@@ -14,7 +18,12 @@ from html import escape as e
 
 from gradcheck.results import LeafResult, worst_verdict
 
-from ._common import SYMBOL, LeafNumbers, fmt, is_failing
+from ._common import GRADIENT_ROLES, SYMBOL, LeafNumbers, f32_flagged, fmt
+
+# Float32Result verdicts as badges: "ok" looks like agreement, "unmeasured" like a skip.
+_F32_CLASS = {"ok": "agree", "unmeasured": "skipped", "imprecise": "imprecise", "structural": "structural",
+              "nonfinite": "nonfinite"}
+_F32_SYMBOL = {"ok": "✓", "unmeasured": "–"}
 
 
 @dataclass
@@ -44,25 +53,50 @@ class Node:
         return direct.pop() if len(direct) == 1 else ""
 
 
+def _insert(node: Node, part: str, path: str) -> Node:
+    """The child ``part`` of ``node``, created in place: a numbered layer that first appears late (one with
+    buffers only) goes before the first sibling with a larger number, so ``2`` still sits between ``1`` and ``3``."""
+    if part in node.children:
+        return node.children[part]
+    child = Node(part, path)
+    if part.isdigit():
+        items = list(node.children.items())
+        at = next((k for k, (name, _) in enumerate(items) if name.isdigit() and int(name) > int(part)), None)
+        if at is not None:
+            items.insert(at, (part, child))
+            node.children = dict(items)
+            return child
+    node.children[part] = child
+    return child
+
+
 def build_tree(leaves: list[LeafResult]) -> Node:
-    """Nodes in first-seen (forward) order; an empty path segment is kept, shown as ""."""
+    """Nodes in forward order of the gradient leaves, then the rest; an empty path segment is kept, shown as ""."""
     root = Node("", "")
-    for leaf in leaves:
+    ordered = [x for x in leaves if x.role in GRADIENT_ROLES] + [x for x in leaves if x.role not in GRADIENT_ROLES]
+    for leaf in ordered:
         node = root
         parts = leaf.path.split(".")
         for i, part in enumerate(parts):
-            node = node.children.setdefault(part, Node(part, ".".join(parts[: i + 1])))
+            node = _insert(node, part, ".".join(parts[: i + 1]))
         node.leaves.append(leaf)
     return root
 
 
 def vclass(verdict: str) -> str:
     """The CSS class for a verdict; a verdict this version does not know gets the "unknown" style."""
-    return f"v-{verdict}" if verdict in SYMBOL else "v-unknown"
+    return f"v-{verdict}" if verdict in SYMBOL or verdict in ("interrupted", "empty") else "v-unknown"
 
 
 def badge(verdict: str) -> str:
     return f'<span class="badge {vclass(verdict)}">{SYMBOL.get(verdict, "?")} {e(verdict)}</span>'
+
+
+def f32badge(verdict: str) -> str:
+    """A badge for a Float32Result verdict (``ok``, ``imprecise``, ``unmeasured`` …)."""
+    cls = vclass(_F32_CLASS.get(verdict, verdict))
+    sym = _F32_SYMBOL.get(verdict, SYMBOL.get(verdict, "?"))
+    return f'<span class="badge f32 {cls}">{sym} {e(verdict)}</span>'
 
 
 def _shape(shape) -> str:
@@ -76,10 +110,20 @@ def _leaf_row(name: str, leaf: LeafResult, anchors: dict[int, str]) -> str:
     if anchor:
         label = f'<a href="#{anchor}">{label}</a>'
     blame = f'<span class="blame">blamed: {e(", ".join(leaf.blame))}</span>' if leaf.blame else ""
+    f32 = ""
+    if f32_flagged(leaf):
+        f32 = f'<span class="f32flag" title="float32: {e(", ".join(leaf.float32.imprecise))}">≈ float32</span>'
     return (f'<div class="trow leaf {vclass(leaf.verdict)}" '
             f'data-path="{e(leaf.path)}"><span class="tname">{label}</span>'
-            f'<span class="tmeta">{e(leaf.role)} · {e(_shape(leaf.shape))}</span>{badge(leaf.verdict)}'
+            f'<span class="tmeta">{e(leaf.role)} · {e(_shape(leaf.shape))}</span>{badge(leaf.verdict)}{f32}'
             f'<span class="num" title="headroom: max error ÷ tolerance">{e(fmt(n.headroom))}</span>{blame}</div>')
+
+
+def _count(leaves: list[LeafResult]) -> str:
+    bad = sum(1 for leaf in leaves if leaf.failing)
+    vacuous = sum(1 for leaf in leaves if leaf.verdict == "vacuous")
+    text = f"{bad} of {len(leaves)} failing" if bad else ("1 leaf" if len(leaves) == 1 else f"{len(leaves)} leaves")
+    return text + (f" · {vacuous} vacuous" if vacuous else "")
 
 
 def _node(node: Node, anchors: dict[int, str]) -> str:
@@ -93,13 +137,11 @@ def _node(node: Node, anchors: dict[int, str]) -> str:
         else:
             inner += [_leaf_row(child.name, leaf, anchors) for leaf in child.leaves]
     leaves = node.all_leaves()
-    bad = sum(1 for leaf in leaves if is_failing(leaf.verdict))
-    verdict = node.verdict
-    count = f"{bad} of {len(leaves)} failing" if bad else f"{len(leaves)} leaf" + ("" if len(leaves) == 1 else "s")
+    bad = any(leaf.failing for leaf in leaves)
     layer = f'<span class="tmeta">{e(node.layer)}</span>' if node.layer else ""
     opened = " open" if bad else ""
-    return (f'<details class="tnode"{opened}><summary class="trow {vclass(verdict)}"><span class="tname">{e(node.name)}</span>'
-            f'{layer}{badge(verdict)}<span class="tcount">{e(count)}</span></summary>'
+    return (f'<details class="tnode"{opened}><summary class="trow {vclass(node.verdict)}"><span class="tname">'
+            f'{e(node.name)}</span>{layer}{badge(node.verdict)}<span class="tcount">{e(_count(leaves))}</span></summary>'
             f'<div class="tkids">{"".join(inner)}</div></details>')
 
 

@@ -1,4 +1,5 @@
-"""The HTML report in a real headless Chromium: loads cleanly, sorts, filters, escapes, shows the blamed leaf.
+"""The HTML report in a real headless Chromium: loads cleanly, sorts, filters, escapes, shows the blamed leaf,
+draws the float32 precision chart (one line per backend).
 
 Uses the system's Chromium (``GRADCHECK_CHROMIUM``, else ``chromium`` on PATH),
 never a downloaded browser; skips when either Chromium or Playwright is missing.
@@ -86,7 +87,7 @@ def test_loads_without_console_errors(disagreement):
 def test_sorting_reorders_rows(disagreement):
     t = disagreement
     forward = t.visible_paths(0)
-    assert forward[0] == "features.0.weight"
+    assert forward[:2] == ["features.1.running_mean", "features.0.weight"]  # the comparison's order: buffers first
     t.table(0).locator("th[data-k=h] button").click()  # headroom: worst first
     by_headroom = t.visible_paths(0)
     assert by_headroom[0] == "features.3.weight"
@@ -152,6 +153,78 @@ def test_screenshot_shows_blamed_leaf(disagreement, tmp_path):
     if keep:
         shutil.copyfile(shot, keep)
     t.assert_clean()
+
+
+@pytest.fixture
+def two_part(browser, tmp_path):
+    path = reports.write_html(fx.two_part_run(), tmp_path / "two-part.html")
+    page = Page(browser, path)
+    yield page
+    page.page.close()
+
+
+def test_precision_chart_has_one_line_per_backend(two_part, tmp_path):
+    t = two_part
+    t.assert_clean()
+    assert t.page.locator("svg.f32chart").count() == len(fx.two_part_run().cases)
+    t.page.locator("#case-0").evaluate("d => d.open = true")  # a passing case starts collapsed
+    chart = t.page.locator("#case-0 svg.f32chart")
+    assert chart.is_visible()
+    box = chart.bounding_box()
+    assert box["width"] > 500 and box["height"] > 150
+    lines = chart.locator("g.f32line")
+    assert lines.count() == 3
+    assert [lines.nth(k).get_attribute("data-backend") for k in range(3)] == ["tape", "torch", "jax"]
+    for k in range(3):  # each backend's line is drawn, with a point per leaf
+        assert lines.nth(k).locator("polyline").first.bounding_box()["width"] > 300
+    assert chart.locator("g.f32line[data-backend=jax] title").count() == 9
+    kink = chart.locator("g.kink[data-crossed='1']")
+    assert kink.count() == 1 and kink.locator("title").text_content().startswith(
+        "1 relu input in features.2 is 3.2e-6 from its kink; jax's float32 forward crossed it")
+    legend = chart.locator("g.legend text").all_text_contents()
+    assert legend == ["tape", "torch", "jax"]
+    assert chart.locator("polyline.f32limit").count() == 1
+    # the imprecise case's chart rings jax's point on the imprecise leaf
+    assert t.page.locator("#case-1 svg.f32chart circle[r='6']").count() == 1
+    chart.screenshot(path=str(tmp_path / "chart.png"))
+    assert (tmp_path / "chart.png").stat().st_size > 5_000
+    t.assert_clean()
+
+
+def test_float32_columns_sort_and_filter(two_part):
+    t = two_part
+    table = t.table(1)
+    assert table.locator("th[data-k='e:jax']").inner_text().startswith("jax f32 err")
+    table.locator("select[data-f=float32]").select_option("imprecise")
+    assert t.visible_paths(1) == [fx.IMPRECISE_LEAF]
+    table.locator("select[data-f=float32]").select_option("")
+    table.locator("th[data-k='e:jax'] button").click()  # largest error first
+    assert t.visible_paths(1)[0] == fx.IMPRECISE_LEAF
+    assert table.locator("th[data-k='e:jax']").get_attribute("aria-sort") == "descending"
+    row = table.locator("tbody tr", has_text=fx.IMPRECISE_LEAF)
+    assert "imprecise" in row.inner_text() and "800×" in row.inner_text()
+    assert "warn" in (row.get_attribute("class") or "")
+    table.locator("th[data-k=q] button").click()
+    assert t.visible_paths(1)[0] == fx.IMPRECISE_LEAF
+    # "only failing" follows the one rule: the warning is not a failure, the vacuous leaves neither
+    table.locator("input[data-f=failing]").check()
+    assert t.visible_paths(1) == []
+    t.page.locator("#case-4").evaluate("d => d.open = true")
+    t.table(4).locator("input[data-f=failing]").check()
+    assert t.visible_paths(4) == []
+    t.table(2).locator("input[data-f=failing]").check()
+    assert t.visible_paths(2) == [fx.IMPRECISE_LEAF]
+    t.assert_clean()
+
+
+def test_interrupted_report_says_so(browser, tmp_path):
+    path = reports.write_html(fx.interrupted_run(39, 200), tmp_path / "interrupted.html")
+    t = Page(browser, path)
+    t.assert_clean()
+    banner = t.page.locator("header.top .callout.v-interrupted")
+    assert banner.is_visible() and banner.inner_text().startswith("interrupted: 39 of 200 cases ran. 161 never ran.")
+    assert "passed" not in t.page.locator("header.top").inner_text()
+    t.page.close()
 
 
 def test_link_opens_collapsed_card(browser, tmp_path):

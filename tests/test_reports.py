@@ -1,20 +1,26 @@
-"""Renderers: terminal summary, Markdown, GitHub annotations, JUnit XML (validated), JSON, HTML."""
+"""Renderers on the two-part result model: terminal summary, Markdown, GitHub annotations, JUnit XML
+(validated), JSON, HTML — including interrupted runs, vacuous leaves, float32 warnings and failures, kinks,
+and case names that try to inject lines into a terminal or a CI log."""
 
 from __future__ import annotations
 
+import dataclasses
 import html.parser
 import json
 import math
 import re
 import xml.etree.ElementTree as ET
 from importlib import resources
+from pathlib import Path
 
 import pytest
 import report_fixtures as fx
 
-from gradcheck import reports
+from gradcheck import reports, results
 from gradcheck.reports.html import script_json
-from gradcheck.results import RunResult, dumps, load, run_from_dict
+from gradcheck.reports.svg import kink_span
+from gradcheck.reports.text import leaf_sentence
+from gradcheck.results import KinkReport, RunResult, dumps, load, run_from_dict
 
 
 def roundtrip(run: RunResult) -> RunResult:
@@ -27,8 +33,43 @@ ALL_RUNS = {
     "disagree": fx.disagree_run,
     "mixed": fx.mixed_run,
     "hostile": fx.hostile_run,
+    "two_part": fx.two_part_run,
+    "interrupted": fx.interrupted_run,
+    "injection": fx.injection_run,
+    "unavailable": fx.unavailable_run,
     "empty": lambda: RunResult(env=dict(fx.ENV)),
 }
+KINK = "1 relu input in features.2 is 3.2e-6 from its kink; jax's float32 forward crossed it (pinned to the float64 branch)"
+IMPRECISE = ("jax float32 is 800× further from float64 than torch on features.3.weight "
+             "(4.8e-04 vs 6e-07; limit 6.1e-06)")
+INTERRUPTED = "interrupted: 39 of 200 cases ran"
+# After leading spaces, a line that starts so is a workflow command to GitHub's (or Azure's) runner.
+COMMAND_START = re.compile(r"^\s*(::|##\[)")
+CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u2028\u2029]")
+
+
+def case_of(run: RunResult, name: str):
+    return next(c for c in run.cases if c.name == name)
+
+
+def table_lines(text: str) -> list[str]:
+    """The summary's case table and timing table: everything before the second blank line."""
+    out, blanks = [], 0
+    for line in text.splitlines():
+        if line == "":
+            blanks += 1
+            if blanks == 2:
+                break
+        out.append(line)
+    return out
+
+
+def assert_inert(lines):
+    """Every line is one printable line that no CI runner reads as a command."""
+    for line in lines:
+        assert "\n" not in line and "\r" not in line, repr(line)
+        assert not CONTROL.search(line), repr(line)
+        assert not COMMAND_START.match(line), repr(line)
 
 
 # ---------------------------------------------------------------- terminal
@@ -38,12 +79,16 @@ def test_summary_all_agree():
     assert lines[-1].startswith("gradcheck PASS")
     assert "10 of 10 leaves agree" in lines[-1]
     assert "DISAGREE" not in text and "\x1b" not in text
-    header = lines[0].split()
-    assert header[:5] == ["case", "verdict", "compared", "agree", "headroom"]
-    assert "tape 1st / 2nd" in lines[0] and "jax 1st / 2nd" in lines[0]
+    assert lines[0].split() == ["case", "float64", "agree", "headroom", "float32"]
     convnet = next(ln for ln in lines if ln.startswith("convnet "))
-    assert "3.60 s / 150 ms" in convnet  # jax time to first gradient / second call
-    assert re.search(r"\b9\s+9\s+0\.08\b", convnet)  # compared, agreeing, worst headroom
+    assert re.search(r"✓ agree\s+9/9\s+0\.08\s+ok, jax 2\.3×$", convnet), convnet
+    timing_head = next(ln for ln in lines if ln.startswith("case ") and "1st/2nd/f64" in ln)
+    assert timing_head.split()[1:] == ["tape", "1st/2nd/f64", "torch", "1st/2nd/f64", "jax", "1st/2nd/f64"]
+    timing = [ln for ln in lines if ln.startswith("convnet ")][1]
+    # float32 first call / second call (jax compiles; the eager backends are called once) / float64 call
+    assert timing.split()[1:] == ["1.20s/—/600ms", "720ms/—/360ms", "3.60s/150ms/1.80s"]
+    relu = [ln for ln in lines if ln.startswith("relu-two-backends")][1]
+    assert relu.rstrip().endswith("n/a")
 
 
 def test_summary_names_leaf_numbers_and_blamed_backend():
@@ -51,36 +96,122 @@ def test_summary_names_leaf_numbers_and_blamed_backend():
     leaf_lines = [ln for ln in text.splitlines() if "DISAGREE" in ln]
     assert len(leaf_lines) == 1
     line = leaf_lines[0]
-    for part in ("convnet-broken :: features.3.weight", "max rel 0.93", "max abs 0.0241", "headroom 2400",
+    assert line.startswith("✗ DISAGREE convnet-broken :: features.3.weight — ")
+    for part in ("max rel diff 0.93", "max abs diff 0.0241 at [3, 1, 2, 2] (jax vs tape)", "headroom 2400",
                  "blamed: jax", "tape and torch agree"):
         assert part in line, (part, line)
     assert text.splitlines()[-1].startswith("gradcheck FAIL")
     assert "blamed: jax ×1" in text.splitlines()[-1]
 
 
-def test_summary_errors_unavailable_and_color():
-    text = reports.render_summary(fx.mixed_run(), color=True)
-    assert "\x1b[" in text
+def test_summary_shows_both_parts_failures_before_notices():
+    text = reports.render_summary(fx.two_part_run(), color=False)
+    lines = text.splitlines()
+    table = lines[1:lines.index("")]  # the case table; the timing table follows
+    row = {ln.split()[0]: ln for ln in table}
+    assert row["convnet-imprecise-warn"].split()[1:4] == ["✓", "agree", "9/9"]
+    assert row["convnet-imprecise-warn"].endswith("imprecise: jax 800×")
+    assert row["convnet-imprecise-fail"].split()[1:3] == ["≈", "imprecise"]
+    assert "ok, jax" in row["convnet"]
+    # The vacuous leaves' headroom (2.25e9) is not the case's worst headroom, and they are not failures.
+    assert re.search(r"✓ agree\s+7/9\s+0\.08\b", row["conv-bn-vacuous"]), row["conv-bn-vacuous"]
+    assert "2.25e+09" not in text
+    failures = [ln for ln in lines if re.match(r"^(✗ DISAGREE|≈ IMPRECISE (?!\()|! ERROR)", ln)]
+    assert [ln.split(" :: ")[0] for ln in failures] == ["≈ IMPRECISE convnet-imprecise-fail",
+                                                        "✗ DISAGREE convnet-broken"]
+    assert failures[0].endswith(f"{IMPRECISE}; float64 agrees (headroom 0.05)")
+    warn = next(ln for ln in lines if ln.startswith("≈ IMPRECISE (warning)"))
+    assert warn == f"≈ IMPRECISE (warning) convnet-imprecise-warn :: features.3.weight — {IMPRECISE}"
+    assert f"∧ KINK convnet — {KINK}" in lines
+    vac = next(ln for ln in lines if ln.startswith("∅ VACUOUS"))
+    assert "conv-bn-vacuous" in vac and "features.0.bias, features.3.bias" in vac and "not failures" in vac
+    # failures first, then every notice
+    assert max(lines.index(ln) for ln in failures) < min(lines.index(ln) for ln in (warn, vac))
+    last = lines[-1]
+    assert last.startswith("gradcheck FAIL: 2 of 5 cases failed")
+    assert "(imprecise 1, disagree 1)" in last and "vacuous 2" not in last and "2 vacuous" in last
+
+
+def test_summary_errors_show_the_exception_first():
     plain = reports.render_summary(fx.mixed_run(), color=False)
-    assert "! ERROR gelu-error :: jax — NotImplementedError: op 'erf'" in plain
-    assert "UNAVAILABLE relu-two-backends :: jax — jax is not installed" in plain
+    assert (f"! ERROR gelu-error :: tape — ValueError: {fx.ERROR_MESSAGE} — at gradcheck/backends/numpy_ops.py:96 "
+            "in check_matmul") in plain.splitlines()
+    # Python's own traceback form: the exception is its last line, the frame before it.
+    assert ("! ERROR gelu-error :: jax — NotImplementedError: op 'erf' has no jax kernel; add it to "
+            "backends/jax_ops.py — at ops.py:12") in plain.splitlines()
     assert "STRUCTURAL linear-structural :: bias" in plain and "blamed: torch" in plain
-    relu = next(ln for ln in plain.splitlines() if ln.startswith("relu-two-backends"))
-    assert relu.rstrip().endswith("n/a")
-    gelu = next(ln for ln in plain.splitlines() if ln.startswith("gelu-error"))
+    gelu = [ln for ln in plain.splitlines() if ln.startswith("gelu-error")][1]
     assert gelu.rstrip().endswith("error")
+    assert "\x1b[" in reports.render_summary(fx.mixed_run(), color=True)
 
 
-def test_summary_neutralises_control_characters():
-    text = reports.render_summary(fx.hostile_run(), color=False)
-    assert "\x1b" not in text
-    assert fx.HOSTILE in text  # a terminal shows it as text; no escaping needed beyond control characters
+def test_summary_one_unavailable_notice_per_backend_after_the_failure():
+    lines = reports.render_summary(fx.unavailable_run(50), color=False).splitlines()
+    unavailable = [ln for ln in lines if "UNAVAILABLE" in ln]
+    assert unavailable == ["– UNAVAILABLE jax — jax is not installed: pip install 'gradcheck[jax]' (50 cases)"]
+    disagree = next(i for i, ln in enumerate(lines) if ln.startswith("✗ DISAGREE"))
+    assert disagree < lines.index(unavailable[0])
+
+
+def test_summary_interrupted_run_is_not_a_pass():
+    text = reports.render_summary(fx.interrupted_run(39, 200), color=False)
+    last = text.splitlines()[-1]
+    assert last.startswith(f"gradcheck INCOMPLETE: {INTERRUPTED}; none of those failed")
+    assert "PASS" not in text and "passed" not in last
+    planned = RunResult(env={}, cases=[fx.convnet_case()], planned=3)  # fewer ran than planned, no Ctrl-C
+    assert "incomplete: 1 of 3 cases ran" in reports.render_summary(planned).splitlines()[-1]
+
+
+@pytest.mark.parametrize("name", sorted(ALL_RUNS))
+def test_summary_tables_fit_80_columns(name):
+    run = ALL_RUNS[name]()
+    if run.cases:
+        run.cases[0].name = "a-case-name-far-too-long-for-any-terminal-column-" * 3
+    for color in (False, True):
+        text = reports.render_summary(run, color=color)
+        plain = re.sub(r"\x1b\[[0-9;]*m", "", text)
+        assert all(len(ln) <= 80 for ln in table_lines(plain)), [ln for ln in table_lines(plain) if len(ln) > 80]
+
+
+def test_summary_tables_fit_with_many_backends():
+    run = fx.agree_run()
+    for case in run.cases:
+        for extra in ("numpy", "mlx", "tinygrad"):
+            case.timings[extra] = results.Timing(1.5, 0.25, 2.0)
+    assert all(len(ln) <= 80 for ln in table_lines(reports.render_summary(run)))
+
+
+@pytest.mark.parametrize("name", ["hostile", "injection"])
+def test_summary_neutralises_injection(name):
+    run = ALL_RUNS[name]()
+    text = reports.render_summary(run, color=False)
+    lines = text.split("\n")
+    assert_inert(lines)
+    assert "\x1b" not in text and "\r" not in text and "\u2028" not in text
+    if name == "hostile":
+        assert fx.HOSTILE in text  # a terminal shows it as text; no escaping needed beyond control characters
+    else:
+        # Each forged name still shows, defused: the command is behind a backslash, the escape made visible.
+        assert "ok ::error file=x.py,line=1::forged failure" in text
+        assert "\\::warning::forged warning" in text and "red \\x1b[31mRED" in text
 
 
 def test_summary_caps_leaf_lines():
     text = reports.render_summary(fx.many_failures_run(cases=3, leaves=30), color=False, max_leaf_lines=10)
     assert len([ln for ln in text.splitlines() if "DISAGREE" in ln]) == 10
-    assert "… and 80 more" in text
+    assert "… and 80 more failures" in text
+
+
+def test_progress_bar_and_line_fit_and_are_clean():
+    for name in [*fx.INJECTIONS, "x" * 300, "short"]:
+        bar = reports.progress_bar(3, 200, name)
+        assert len(bar) == 79 and bar.startswith("[") and " 3/200 " in bar
+        assert_inert([bar])
+        case = fx.convnet_case(name=name)
+        line = reports.progress_line(4, 200, case, 12.34)
+        assert_inert([line])
+        assert line.startswith("[4/200] ") and "agree (9 leaves, 12.3s; float32 ok, jax 2.3×)" in line
+    assert reports.progress_bar(200, 200, "done").startswith("[" + "#" * 20 + "] 200/200 done")
 
 
 # ---------------------------------------------------------------- markdown
@@ -89,27 +220,86 @@ def _cells(row: str) -> list[str]:
     return [c.strip() for c in re.split(r"(?<!\\)\|", row.strip())[1:-1]]
 
 
+def _section(text: str, title: str) -> list[str]:
+    lines = text.splitlines()
+    start = lines.index(f"### {title}")
+    end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("### ")), len(lines))
+    return lines[start + 1:end]
+
+
+def _rows(text: str, title: str) -> list[list[str]]:
+    """A section's table rows as cells, without its head and rule."""
+    rows = [ln for ln in _section(text, title) if ln.startswith("|")]
+    return [_cells(r) for r in rows[2:]]
+
+
 def test_markdown_tables():
     text = reports.render_markdown(fx.mixed_run())
     assert text.startswith("## ❌ gradcheck:")
-    rows = [ln for ln in text.splitlines() if ln.startswith("|")]
-    leaf = next(r for r in rows if "features.3.weight" in r and "disagree" in r and "jax" in r)
+    leaf = next(r for r in _section(text, "Failing leaves") if "features.3.weight" in r)
     assert _cells(leaf) == ["convnet-broken", "features.3.weight", "❌ disagree", "jax", "0.93", "2400"]
+    cases = [r for r in _section(text, "Cases") if r.startswith("| convnet |")]
+    assert _cells(cases[0])[:5] == ["convnet", "✅ agree", "9 / 9", "0.08", "ok, jax 2.3×"]
     assert "### Cases" in text and "### Failing leaves" in text and "### Errors" in text
+    errors = [_cells(r) for r in _section(text, "Errors") if r.startswith("| gelu-error")]
+    # The exception first, where it was raised after.
+    assert errors[1][:3] == ["gelu-error", "tape", reports.markdown.md(f"ValueError: {fx.ERROR_MESSAGE}")]
+    assert errors[1][3] == "gradcheck/kernels.py:210 in matmul; gradcheck/backends/numpy\\_ops.py:96 in check\\_matmul"
+    assert errors[0][2].startswith("NotImplementedError: op 'erf'")
     assert "```sh\ngradcheck run convnet" in text
+    assert text.index("### Errors") < text.index("### Failing leaves") < text.index("### Notices")
 
 
 def test_markdown_all_agree_has_no_failure_table():
     text = reports.render_markdown(fx.agree_run())
     assert text.startswith("## ✅ gradcheck: All gradients agree")
-    assert "### Failing leaves" not in text
+    assert "### Failing leaves" not in text and "### Errors" not in text
 
 
-def test_markdown_escapes_html_and_pipes():
-    text = reports.render_markdown(fx.hostile_run())
+def test_markdown_float32_precision_section():
+    text = reports.render_markdown(fx.two_part_run())
+    precision = {r[0]: r for r in _rows(text, "float32 precision")}
+    assert precision["convnet"][1:3] == ["✅ ok", "ok, jax 2.3×"]
+    assert precision["convnet"][4:] == ["0", "2 (1 crossed, pinned)", "warn"]
+    assert precision["convnet-imprecise-warn"][1:5] == ["⚠️ imprecise", "imprecise: jax 800×",
+                                                             "features.3.weight", "1"]
+    imprecise = _rows(text, "Imprecise leaves")
+    assert [(c[0], c[2], c[-2], c[-1]) for c in imprecise] == [
+        ("convnet-imprecise-warn", "jax", "800×", "warning"), ("convnet-imprecise-fail", "jax", "800×", "failure")]
+    assert imprecise[0][3:6] == ["4.8e-04", "torch 6e-07", "6.1e-06"]
+    kinks = [ln for ln in _section(text, "Kinks") if ln.startswith("- ")]
+    assert kinks[0] == f"- **convnet**: {KINK.replace('_', chr(92) + '_')}"
+    assert "no float32 forward crossed them; 1 closer than float64 resolves" in kinks[1]
+    notices = _section(text, "Notices")
+    assert any("conv-bn-vacuous" in ln and "2 leaves are vacuous" in ln for ln in notices)
+    failing = _rows(text, "Failing leaves")
+    assert [(c[0], c[2]) for c in failing] == [("convnet-imprecise-fail", "⚠️ imprecise"),
+                                               ("convnet-broken", "❌ disagree")]
+    vac = next(r for r in _rows(text, "Cases") if r[0] == "conv-bn-vacuous")
+    assert vac[1:4] == ["✅ agree", "7 / 9", "0.08"]
+
+
+def test_markdown_interrupted_run():
+    text = reports.render_markdown(fx.interrupted_run(39, 200))
+    assert text.startswith("## ⏹️ gradcheck: The run was interrupted")
+    assert f"> **{INTERRUPTED}**; 161 never ran. This is not a pass" in text
+    assert "passed" not in text and "All gradients agree" not in text
+
+
+def test_markdown_unavailable_once_per_backend():
+    text = reports.render_markdown(fx.unavailable_run(50))
+    notes = [ln for ln in _section(text, "Notices") if "unavailable" in ln]
+    assert notes == ["- unavailable: jax — jax is not installed: pip install 'gradcheck\\[jax\\]' (50 cases)"]
+
+
+@pytest.mark.parametrize("name", ["hostile", "injection"])
+def test_markdown_escapes_html_pipes_and_injection(name):
+    text = reports.render_markdown(ALL_RUNS[name]())
     prose = re.sub(r"```sh\n.*?\n```", "", text, flags=re.S)  # a fenced block shows its text literally
     assert "<script>" not in prose and "<b>" not in prose
-    assert "```sh\ngradcheck run '<script>alert(1)</script>'" in text
+    if name == "hostile":
+        assert "```sh\ngradcheck run '<script>alert(1)</script>'" in text
+    assert_inert(prose.split("\n"))
     header_cells = None
     for row in (ln for ln in text.splitlines() if ln.startswith("|")):
         if header_cells is None or row.startswith("| case"):
@@ -132,24 +322,61 @@ def test_markdown_default_limit_fits_large_run():
     assert "**Truncated:**" in text
 
 
+def test_write_markdown_is_gone():
+    assert not hasattr(reports, "write_markdown")  # dead: the CLI and the plugin write render_markdown's text
+
+
 # ---------------------------------------------------------------- github annotations
 def test_github_annotations():
     lines = reports.github_annotations(fx.mixed_run())
     errors = [ln for ln in lines if ln.startswith("::error ")]
-    assert len(errors) == 4  # disagree, structural, nonfinite, backend error
+    assert len(errors) == 5  # disagree, structural, nonfinite, two backend errors
     assert all(re.match(r"^::error title=[^:,]*::", ln) for ln in errors)
     leaf = next(ln for ln in errors if "features.3.weight" in ln)
+    assert leaf.endswith("::" + leaf_sentence(fx.mixed_run().cases[0].leaves[5]))
     assert "blamed: jax" in leaf and "max rel diff 0.93" in leaf and "headroom 2400" in leaf
-    assert any(ln.startswith("::warning ") and "jax is not installed" in ln for ln in lines)
-    assert reports.github_annotations(fx.agree_run()) == [ln for ln in reports.github_annotations(fx.agree_run())
-                                                          if ln.startswith("::warning")]
+    tape = next(ln for ln in errors if "tape error" in ln)
+    assert tape.split("::", 2)[2].startswith(f"ValueError: {fx.ERROR_MESSAGE} — at ")
+    assert [ln for ln in lines if ln.startswith("::warning ")] == [
+        "::warning title=gradcheck%3A jax unavailable::jax — jax is not installed: pip install 'gradcheck[jax]'"]
+    assert all(ln.startswith("::warning") for ln in reports.github_annotations(fx.agree_run()))
 
 
-def test_github_annotations_escape_and_cap():
-    lines = reports.github_annotations(fx.hostile_run())
-    assert all("\n" not in ln and "\r" not in ln for ln in lines)
-    title = lines[0].split("::")[1]
-    assert ":" not in title[len("error title="):] and "," not in title
+def test_github_float32_warning_once_per_case():
+    lines = reports.github_annotations(fx.two_part_run())
+    warnings = [ln for ln in lines if ln.startswith("::warning ")]
+    assert warnings == [f"::warning title=gradcheck convnet-imprecise-warn%3A float32 imprecise::{IMPRECISE}"]
+    errors = [ln for ln in lines if ln.startswith("::error ")]
+    assert [ln.split("::")[1] for ln in errors] == [
+        "error title=gradcheck convnet-imprecise-fail%3A features.3.weight imprecise",
+        "error title=gradcheck convnet-broken%3A features.3.weight disagree"]
+    run = fx.two_part_run()
+    run.cases += [fx.imprecise_case("warn") for _ in range(3)]  # the same case thrice: said once
+    assert len([ln for ln in reports.github_annotations(run) if "float32 imprecise" in ln]) == 1
+
+
+def test_github_unavailable_once_and_failures_first():
+    lines = reports.github_annotations(fx.unavailable_run(50))
+    assert [ln.split("::")[1] for ln in lines] == ["error title=gradcheck convnet-broken%3A features.3.weight disagree",
+                                                   "warning title=gradcheck%3A jax unavailable"]
+    assert lines[1].endswith("(50 cases)")
+
+
+def test_github_interrupted_and_empty():
+    lines = reports.github_annotations(fx.interrupted_run(39, 200))
+    assert lines[0].startswith("::error title=gradcheck%3A run incomplete::" + INTERRUPTED)
+    empty = reports.github_annotations(RunResult(env={}))
+    assert empty == ["::error title=gradcheck%3A nothing was checked::no case results: nothing was checked"]
+
+
+@pytest.mark.parametrize("name", ["hostile", "injection"])
+def test_github_annotations_escape_and_cap(name):
+    lines = reports.github_annotations(ALL_RUNS[name]())
+    assert all(ln.startswith(("::error title=", "::warning title=")) for ln in lines)
+    assert all("\n" not in ln and "\r" not in ln and not CONTROL.search(ln) for ln in lines)
+    for ln in lines:
+        title = ln.split("::")[1]
+        assert ":" not in title.split("=", 1)[1] and "," not in title
     many = reports.github_annotations(fx.many_failures_run(cases=2, leaves=20), limit=10)
     assert len(many) == 10 and "31 more failures" in many[-1]
 
@@ -286,6 +513,10 @@ def test_junit_validates_and_counts(name, all_leaves, xsd, tmp_path):
             assert int(suite.get(attr)) == sum(1 for c in cases if c.find(kind) is not None), (suite.get("name"), kind)
     for attr in ("tests", "failures", "errors", "skipped"):
         assert int(root.get(attr)) == sum(int(s.get(attr)) for s in root.findall("testsuite"))
+    for elem in root.iter():
+        for key in ("message", "name", "classname", "value"):
+            if key in elem.attrib:
+                assert_inert([elem.get(key)])
 
 
 def test_junit_content():
@@ -300,24 +531,81 @@ def test_junit_content():
     assert leaf.get("classname") == "convnet-broken"
     failure = leaf.find("failure")
     assert failure.get("type") == "disagree"
+    assert failure.get("message") == leaf_sentence(fx.mixed_run().cases[0].leaves[5])
     for part in ("features.3.weight", "max rel diff 0.93", "headroom 2400", "blamed: jax"):
         assert part in failure.get("message")
     assert "[3, 1, 2, 2]: tape 0.01302, torch 0.01302, jax 0.03712" in failure.text
+    assert "float32 against float64" in failure.text
     summary = broken.find("testcase")
-    assert "starts at features.3.weight" in summary.find("failure").get("message")
-    # Time comes from the timings: 1.2 + 0.05 + 0.72 + 0.03 + 3.6 + 0.15 s.
-    assert float(summary.get("time")) == pytest.approx(5.75)
-    assert float(broken.get("time")) == pytest.approx(5.75)
+    assert summary.find("failure").get("message") == "1 of 9 leaves failed (disagree); starts at features.3.weight; " \
+                                                     "blamed: jax"
+    # Time comes from the timings: float32 first and second calls and the float64 call of every backend.
+    assert float(summary.get("time")) == pytest.approx(1.2 + 0.6 + 0.72 + 0.36 + 3.6 + 0.15 + 1.8)
+    assert float(broken.get("time")) == float(summary.get("time"))
     assert broken.get("timestamp") == "2024-05-01T12:00:00+00:00"
-    assert "replay: gradcheck run convnet -k convnet-broken" in summary.find("system-out").text
+    out = summary.find("system-out").text
+    assert "replay: gradcheck run convnet -k convnet-broken" in out
+    assert "jax: float32 first call 3.60 s, second call 150 ms, float64 call 1.80 s" in out
 
     assert suites["convnet"].get("failures") == "0" and len(suites["convnet"].findall("testcase")) == 1
     error = suites["gelu-error"].find("testcase/error")
-    assert "NotImplementedError" in error.get("message") and "Traceback" in error.text
+    # The exception first, where it was raised after; the full text in the body.
+    assert error.get("message") == ("jax: NotImplementedError: op 'erf' has no jax kernel; add it to "
+                                    "backends/jax_ops.py — at ops.py:12")
+    assert "Traceback" in error.text and "check_matmul" in error.text
     assert "jax unavailable: jax is not installed" in suites["relu-two-backends"].find("testcase/system-out").text
     structural = suites["linear-structural"]
     assert [c.find("failure").get("type") for c in structural.findall("testcase")] == [
         "structural", "structural", "nonfinite"]
+
+
+def _props(suite) -> dict:
+    return {p.get("name"): p.get("value") for p in suite.iter("property")}
+
+
+def test_junit_two_parts():
+    root = ET.fromstring(reports.render_junit(fx.two_part_run()).encode())
+    suites = {s.get("name"): s for s in root.findall("testsuite")}
+    # float32 imprecise under "warn": system-out and properties, no failure
+    warn = suites["convnet-imprecise-warn"]
+    assert warn.get("failures") == "0" and len(warn.findall("testcase")) == 1
+    assert f"float32 warning: {IMPRECISE}" in warn.find("testcase/system-out").text
+    assert {k: v for k, v in _props(warn).items() if k.startswith("float32")} == {
+        "float32": "imprecise", "float32.policy": "warn", "float32.imprecise": "jax",
+        "float32.worst": "jax 800x on features.3.weight"}
+    # under "fail": a failure on the case and on the leaf
+    fail = suites["convnet-imprecise-fail"]
+    summary, leaf = fail.findall("testcase")
+    assert summary.find("failure").get("type") == "imprecise"
+    assert summary.find("failure").get("message") == "1 of 9 leaves failed (imprecise)"
+    assert leaf.get("name") == "features.3.weight" and leaf.find("failure").get("type") == "imprecise"
+    assert leaf.find("failure").get("message").startswith(f"features.3.weight: imprecise; {IMPRECISE}")
+    # the kink in the passing case, and its properties
+    convnet = suites["convnet"]
+    assert f"kink: {KINK}" in convnet.find("testcase/system-out").text
+    assert _props(convnet)["kinks"] == "2" and _props(convnet)["kinks.crossed"] == "1"
+    # a float64 disagreement is a failure
+    assert suites["convnet-broken"].find("testcase/failure").get("type") == "disagree"
+    # vacuous leaves: apart, never failures
+    vac = suites["conv-bn-vacuous"]
+    assert vac.get("failures") == "0" and _props(vac)["vacuous"] == "2"
+    assert "2 leaves are vacuous" in vac.find("testcase/system-out").text
+    every = ET.fromstring(reports.render_junit(fx.two_part_run(), all_leaves=True).encode())
+    vac = next(s for s in every.findall("testsuite") if s.get("name") == "conv-bn-vacuous")
+    bias = next(c for c in vac.findall("testcase") if c.get("name") == "features.0.bias")
+    assert bias.find("failure") is None and "vacuous (not a failure)" in bias.find("system-out").text
+
+
+def test_junit_interrupted_run():
+    root = ET.fromstring(reports.render_junit(fx.interrupted_run(39, 200)).encode())
+    last = root.findall("testsuite")[-1]
+    assert last.get("name") == "gradcheck"
+    failure = last.find("testcase/failure")
+    assert last.find("testcase").get("name") == "run complete"
+    assert failure.get("type") == "interrupted" and failure.get("message") == f"{INTERRUPTED}; 161 never ran"
+    assert root.get("failures") == "1"
+    empty = ET.fromstring(reports.render_junit(RunResult(env={})).encode())
+    assert empty.find("testsuite/testcase/error").get("message") == "no case results: nothing was checked"
 
 
 def test_junit_skipped_case_and_hostile_text(xsd):
@@ -328,6 +616,7 @@ def test_junit_skipped_case_and_hostile_text(xsd):
     text = reports.render_junit(run)
     root = ET.fromstring(text.encode())  # parses: illegal XML characters were replaced
     assert xsd.validate(root) == []
+    assert "\x1b" not in text
     skipped = root.findall("testsuite")[-1].find("testcase/skipped")
     assert "torch: not installed" in skipped.get("message")
     names = [c.get("name") for c in root.iter("testcase")]
@@ -337,11 +626,48 @@ def test_junit_skipped_case_and_hostile_text(xsd):
 # ---------------------------------------------------------------- JSON
 def test_write_json_roundtrip(tmp_path):
     run = fx.mixed_run()
-    run.cases[0].leaves[0].pairs[0].headroom = math.inf
+    run.cases[0].leaves[1].pairs[0].headroom = math.inf
     path = reports.write_json(run, tmp_path / "out" / "results.json")
     loaded = load(path)
-    assert loaded.cases[0].leaves[0].pairs[0].headroom == math.inf
+    assert loaded.cases[0].leaves[1].pairs[0].headroom == math.inf
     assert dumps(loaded) == dumps(run)
+
+
+@pytest.mark.parametrize("make", [fx.two_part_run, fx.interrupted_run])
+def test_json_carries_both_parts_and_the_interruption(make, tmp_path):
+    run = make()
+    data = json.loads(reports.write_json(run, tmp_path / "r.json").read_text())
+    assert data["schema"] == "gradcheck.results/2" and data["planned"] == run.planned
+    assert data["interrupted"] is run.interrupted
+    loaded = load(tmp_path / "r.json")
+    assert dumps(loaded) == dumps(run)
+    assert isinstance(loaded.cases[0].kinks, list) and all(isinstance(k, KinkReport) for k in loaded.cases[0].kinks)
+    leaf = next(x for x in loaded.cases[0].leaves if x.float32 is not None)
+    assert isinstance(leaf.float32, results.Float32Result) and leaf.float32.best == "tape"
+
+
+def test_schema_1_results_still_render():
+    """A file written before the two-part verdict: ``tie`` on leaves, ``noise`` in tolerances, no float32."""
+    old = json.loads(dumps(fx.mixed_run()))
+    old["schema"] = "gradcheck.results/1"
+    for case in old["cases"]:
+        for key in ("float32", "imprecise", "kinks"):
+            case.pop(key)
+        for t in case["timings"].values():
+            t.pop("float64")
+        for leaf in case["leaves"]:
+            leaf.pop("float32")
+            leaf["tie"] = False
+            if leaf["tolerance"]:
+                leaf["tolerance"]["noise"] = 3e-6
+    del old["planned"], old["interrupted"]
+    run = run_from_dict(old)
+    assert run.planned is None and not run.interrupted
+    for render in (reports.render_html, reports.render_junit, reports.render_markdown, reports.render_summary,
+                   reports.github_annotations):
+        render(run)
+    assert reports.render_summary(run).splitlines()[1].endswith("—")  # float32 was not run
+    assert run.cases[0].leaves[5].float32 is None and not hasattr(run.cases[0].leaves[5].tolerance, "noise")
 
 
 @pytest.mark.parametrize("name", sorted(ALL_RUNS))
@@ -353,6 +679,36 @@ def test_renderers_agree_on_stored_results(name):
     assert reports.render_junit(again) == reports.render_junit(run)
     assert reports.render_markdown(again) == reports.render_markdown(run)
     assert reports.render_summary(again, color=False) == reports.render_summary(run, color=False)
+    assert reports.github_annotations(again) == reports.github_annotations(run)
+
+
+SCHEMA_DOC = Path(__file__).resolve().parents[1] / "docs" / "results-schema.md"
+
+
+@pytest.mark.parametrize("cls", [results.RunResult, results.CaseResult, results.LeafResult, results.Timing,
+                                 results.Tolerance, results.PairResult, results.RefereeCheck,
+                                 results.Float32Result, results.KinkReport])
+def test_schema_doc_documents_every_field(cls):
+    text = SCHEMA_DOC.read_text(encoding="utf-8")
+    assert f"`{results.SCHEMA}`" in text
+    heading = {"RunResult": "## RunResult"}.get(cls.__name__, f"### {cls.__name__}")
+    if cls.__name__ in ("CaseResult", "LeafResult"):
+        heading = f"## {cls.__name__}"
+    start = text.index(heading)
+    end = text.find("\n## ", start + len(heading))
+    nxt = text.find("\n### ", start + len(heading))
+    section = text[start: min(x for x in (end, nxt, len(text)) if x > 0)]
+    documented = set(re.findall(r"^\| `([a-z0-9_]+)`", section, re.M))
+    documented |= {n for row in re.findall(r"^\| (`[a-z0-9_]+`(?:, `[a-z0-9_]+`)+) \|", section, re.M)
+                   for n in re.findall(r"`([a-z0-9_]+)`", row)}
+    missing = [f.name for f in dataclasses.fields(cls) if f.name not in documented]
+    assert missing == [], f"{cls.__name__}: {missing} not in docs/results-schema.md"
+
+
+def test_dead_helpers_are_gone():
+    from gradcheck.reports import _common
+
+    assert not hasattr(_common, "verdict_rank")
 
 
 # ---------------------------------------------------------------- HTML
@@ -405,6 +761,11 @@ def check_html(text: str) -> _Checker:
     return checker
 
 
+def page_text(text: str) -> str:
+    """The page's visible text, as one line with single spaces."""
+    return " ".join("".join(check_html(text).text).split())
+
+
 def embedded_data(text: str) -> dict:
     m = re.search(r'<script type="application/json" id="gradcheck-data">(.*?)</script>', text, re.S)
     return json.loads(m.group(1), parse_constant=lambda c: pytest.fail(f"non-JSON constant {c} in page data"))
@@ -417,8 +778,10 @@ def test_html_is_self_contained_and_well_formed(name, tmp_path):
     checker = check_html(text)
     assert checker.scripts == 2  # the data block and the inline script
     assert "Content-Security-Policy" in text and "default-src 'none'" in text
-    assert "http://" not in text.replace("http://www.w3.org/2000/svg", "") and "https://" not in text
+    if name != "injection":  # whose case names hold an OSC-8 hyperlink to http://x, shown as text
+        assert "http://" not in text.replace("http://www.w3.org/2000/svg", "") and "https://" not in text
     assert embedded_data(text)["cases"] is not None
+    assert "leafs" not in text
 
 
 def test_html_header_and_case_content():
@@ -430,10 +793,11 @@ def test_html_header_and_case_content():
     assert "Disagreement starts at" in page and "features.3.weight" in page
     assert "blamed: jax" in page
     assert "jax is not installed: pip install 'gradcheck[jax]'" in page  # unavailable backend with its hint
-    assert "<pre class='err'>Traceback (most recent call last):" in text  # errors in <pre>
-    assert "rule: default float32; config: features.3.*" in page
+    assert "<pre class='err'>Traceback (most recent call last):" in text  # the full text, in <pre>
+    assert f"<p class='errhead'>ValueError: {fx.ERROR_MESSAGE}</p>" in text  # the exception first
+    assert "rule: default float64; config: features.3.*" in page
     assert 'class="hist"' in text and "tolerance</text>" in text  # histogram with the 0 = tolerance line
-    assert 'class="timings"' in text and "3.60 s" in text
+    assert 'class="timings"' in text and "3.60 s" in text and "float64 call: 1.80 s" in text
     assert "⟨g, v⟩" in page and "51.7" in page  # referee checks
     assert "0.03712" in page  # the blamed backend's value at the worst element
     # Tree: features > 3 > weight, the failing branch open, the agreeing classifier closed.
@@ -441,6 +805,18 @@ def test_html_header_and_case_content():
                      r"features</span>", text)
     assert re.search(r"<details class=\"tnode\"><summary class=\"trow v-agree\"><span class=\"tname\">"
                      r"classifier</span>", text)
+    assert "2 leaves</span>" in text and "1 of 7 failing" in text
+
+
+def test_html_tree_lists_a_layer_before_its_buffers():
+    text = reports.render_html(RunResult(env={}, cases=[fx.convnet_case()]))
+    tree = text[text.index('<div class="tree">'):text.index("<h3>Time per backend</h3>")]
+    order = re.findall(r'data-path="([^"]+)"', tree)
+    # The comparison lists the updated buffer first; the tree still shows features.0 before features.1,
+    # and features.1's parameters before its running mean.
+    assert order[:5] == ["features.0.weight", "features.0.bias", "features.1.weight", "features.1.bias",
+                         "features.1.running_mean"]
+    assert order[-1] == "input"
 
 
 def test_html_table_data():
@@ -448,8 +824,118 @@ def test_html_table_data():
     rows = data["cases"][1]["rows"]
     broken = next(r for r in rows if r["p"] == "features.3.weight")
     assert broken["v"] == "disagree" and broken["b"] == ["jax"] and broken["h"] == 2400.0
-    assert broken["anchor"] == "c1-leaf4"
-    assert data["verdicts"][0] == "error" and "disagree" in data["failing"]
+    assert broken["anchor"] == "c1-leaf5" and broken["F"] is True
+    assert broken["f"] == "ok" and set(broken["e"]) == {"tape", "torch", "jax"} and broken["q"] == pytest.approx(2.25)
+    assert data["verdicts"][0] == "error" and "imprecise" in data["f32verdicts"]
+    buffer = next(r for r in rows if r["r"] == "buffer")
+    assert buffer["F"] is False and buffer["f"] == ""
+
+
+def test_html_leaf_table_has_float32_columns_and_filter():
+    text = reports.render_html(fx.two_part_run())
+    table = text[text.index("<div class='leaftable' data-case='1'>"):]
+    table = table[:table.index("</table>")]
+    keys = re.findall(r"<th data-k='([^']+)'", table)
+    assert keys == ["i", "p", "l", "s", "v", "b", "h", "a", "x", "f", "e:tape", "e:torch", "e:jax", "q", "m"]
+    assert "<select data-f='float32'><option value=''>all</option><option value='imprecise'>imprecise (1)</option>" \
+           "<option value='ok'>ok (8)</option></select>" in table
+    row = next(r for r in embedded_data(text)["cases"][1]["rows"] if r["p"] == fx.IMPRECISE_LEAF)
+    assert row["f"] == "imprecise" and row["w"] == ["jax"] and row["q"] == pytest.approx(800)
+    assert row["F"] is False  # a warning: float64 agrees and the policy is "warn"
+    fail = next(r for r in embedded_data(text)["cases"][2]["rows"] if r["p"] == fx.IMPRECISE_LEAF)
+    assert fail["F"] is True and fail["v"] == "imprecise"
+
+
+def _chart(text: str, case: int) -> str:
+    body = text[text.index(f"id='case-{case}'"):]
+    body = body[:body.index("</details>\n") if "</details>\n" in body else len(body)]
+    m = re.search(r'<svg class="f32chart".*?</svg>', body, re.S)
+    assert m, f"no precision chart in case {case}"
+    return m.group(0)
+
+
+def test_html_float32_chart():
+    run = fx.two_part_run()
+    text = reports.render_html(run)
+    check_html(text)
+    assert text.count('<svg class="f32chart"') == len(run.cases)
+    chart = _chart(text, 0)
+    lines = re.findall(r'<g class="f32line" data-backend="([^"]+)">', chart)
+    assert lines == ["tape", "torch", "jax"]  # one line per backend
+    assert chart.count("<polyline points=") == 3 and 'class="f32limit"' in chart
+    # every gradient leaf is a point per backend, with its path and number in a tooltip
+    assert chart.count("<title>jax · ") == 9 and "<title>jax · features.0.weight: 9e-07 (limit 4.1e-06)</title>" in chart
+    # the kink sites: features.2 (no parameters) sits after features.1's leaves; crossed in float32 -> filled
+    kinks = re.findall(r'<g class="kink" data-layer="([^"]*)" data-crossed="(\d)"><title>([^<]*)</title>', chart)
+    assert [(layer, crossed) for layer, crossed, _ in kinks] == [("features.2", "1"), ("features.4", "0")]
+    assert html.unescape(kinks[0][2]).startswith(KINK) and "4096 elements" in kinks[0][2]
+    # legible axes and a legend
+    for label in ("1e-7", "1e-5", "‖g32 − g64‖ ÷ ‖g64‖ (log scale)", "gradient leaves in forward order",
+                  "imprecise limit", "kink crossed in float32 (pinned)", ">features.*<", ">classifier.*<", ">input<"):
+        assert label in chart, label
+    assert 'aria-label="float32 gradient error against float64, per backend (tape, torch, jax), over 9 leaves' in chart
+    # the imprecise point is ringed, in the warning and the failing case alike
+    for c in (1, 2):
+        ring = _chart(text, c)
+        assert ring.count('r="6" fill="none"') == 1 and "— imprecise</title>" in ring
+    assert _chart(text, 0).count('r="6" fill="none"') == 0
+
+
+def test_html_float32_chart_edge_values():
+    case = fx.convnet_case()
+    leaves = [x for x in case.leaves if x.float32 is not None]
+    leaves[0].float32.errors["tape"] = 0.0  # exact: on the bottom edge
+    leaves[1].float32.errors["jax"] = math.inf  # not finite: on the top edge
+    del leaves[2].float32.errors["torch"]  # not measured: the line breaks there
+    text = reports.render_html(RunResult(env={}, cases=[case]))
+    check_html(text)
+    chart = _chart(text, 0)
+    assert "tape · features.0.weight: exact (0)" in chart and "jax · features.0.bias: inf" in chart
+    torch = chart[chart.index('data-backend="torch"'):]
+    torch = torch[:torch.index("</g>")]
+    assert torch.count("<polyline") == 2
+    assert reports.html.float32_svg(fx.error_case()) == ""  # no float32 part: no chart
+
+
+def test_kink_span():
+    paths = ["features.0.weight", "features.0.bias", "features.1.weight", "features.3.weight", "fc.bias", "input"]
+    assert kink_span(KinkReport(op="relu", layer="features.1"), paths) == (2.0, 2.0)
+    assert kink_span(KinkReport(op="relu", layer="features.2"), paths) == (2.5, 2.5)  # between features.1 and .3
+    assert kink_span(KinkReport(op="relu", layer="features"), paths) == (0.0, 3.0)
+    assert kink_span(KinkReport(op="relu", layer=""), paths) == (0.0, 5.0)
+    assert kink_span(KinkReport(op="relu", layer="head.act"), paths) == (0.0, 5.0)  # unknown: the whole model
+    assert kink_span(KinkReport(op="relu", layer="x"), []) is None
+
+
+def test_html_precision_section_and_notices():
+    text = reports.render_html(fx.two_part_run())
+    page = page_text(text)
+    assert KINK in page and IMPRECISE in page
+    assert "Imprecise leaves (1) warnings: float64 agrees, the case passes" in page
+    assert "Imprecise leaves (1) failures" in page
+    assert "float32 warnings (1)" in page and "Failing leaves (1)" in page
+    assert "Notices" in page
+    # vacuous leaves: apart, not failing, not the case's headroom
+    vac = text[text.index("id='case-4'"):]
+    assert "2 leaves are vacuous (≈0 on every backend; not failures, not in the headroom)." in vac
+    assert "Failing leaves (" not in vac.split("</details>\n")[0]
+    header = text[:text.index("<section class='panel'>")]
+    assert "conv-bn-vacuous" not in header.split("<h3>Failing leaves and errors</h3>")[-1].split("</table>")[0]
+    assert "<b>2</b><span>vacuous leaves (not failures)</span>" in header
+    assert "<b>2</b><span>leaves failing</span>" in header  # the imprecise (fail) leaf and the disagreement
+    overview = text[text.index("<section class='panel'>"):]
+    vac_row = next(r for r in overview.split("<tr") if "conv-bn-vacuous" in r)
+    assert "<td class='n'>0.08</td>" in vac_row
+
+
+def test_html_interrupted_run():
+    text = reports.render_html(fx.interrupted_run(39, 200))
+    page = page_text(text)
+    assert "The run was interrupted" in page and f"{INTERRUPTED}." in page and "161 never ran" in page
+    assert "passed" not in page and "All gradients agree" not in page
+    assert "<title>gradcheck: interrupted — " in text
+    assert "<b>39 of 200</b><span>cases ran</span>" in text
+    assert "Nothing was checked" in reports.render_html(RunResult(env={}))
 
 
 def test_html_escapes_hostile_text():
@@ -462,6 +948,7 @@ def test_html_escapes_hostile_text():
     data = embedded_data(text)
     assert data["cases"][0]["rows"][1]["p"] == f"{fx.HOSTILE}.weight"
     assert data["cases"][0]["name"] == f'hostile "case" & {fx.HOSTILE}'
+    assert 'data-layer="&lt;script&gt;alert(1)&lt;/script&gt;"' in text
 
 
 def test_script_json_cannot_close_its_script():
@@ -472,21 +959,36 @@ def test_script_json_cannot_close_its_script():
 
 def test_html_nonfinite_numbers():
     run = fx.disagree_run()
-    run.cases[1].leaves[4].pairs[1].headroom = math.nan
-    run.cases[1].leaves[4].pairs[1].max_rel = math.inf
+    run.cases[1].leaves[5].pairs[1].headroom = math.nan
+    run.cases[1].leaves[5].pairs[1].max_rel = math.inf
     text = reports.render_html(run)
     check_html(text)
-    row = embedded_data(text)["cases"][1]["rows"][4]
+    row = embedded_data(text)["cases"][1]["rows"][5]
     assert row["h"] == "nan" and row["x"] == "inf"
 
 
 def test_html_case_without_leaves_and_odd_histograms():
     run = fx.mixed_run()
     run.cases.append(fx.CaseResult(name="crashed", verdict="error", errors={"case": "ValueError: bad shape"}))
-    leaf = run.cases[0].leaves[4]
+    leaf = run.cases[0].leaves[5]
     leaf.histogram = {"edges": [0.0], "counts": [1, 2]}  # malformed: no picture rather than a crash
     leaf.worst = [{"index": [0, 0, 0, 0], "torch": 1.0, "jax": 2.0}]  # flat form: backend -> value
     text = reports.render_html(run)
     check_html(text)
     assert "No leaf was compared for this case." in text
     assert "ValueError: bad shape" in text
+
+
+def test_every_renderer_says_where_the_disagreement_starts():
+    """``CaseResult.origin`` (the per-layer replay) in the terminal, Markdown, JUnit and HTML, in one wording."""
+    run = fx.disagree_run()
+    origin = ("the disagreement starts in features.3 (Conv2d): its own backward disagrees when replayed alone on "
+              "the same inputs and cotangent; op conv2d; blamed: jax")
+    lines = reports.render_summary(run).splitlines()
+    i = lines.index(f"→ ORIGIN convnet-broken — {origin}")
+    assert lines[i - 1].startswith("✗ DISAGREE convnet-broken :: features.3.weight")
+    md_case = next(r for r in _rows(reports.render_markdown(run), "Cases") if r[0] == "convnet-broken")
+    assert md_case[5] == "features.3.weight · starts in features.3 (vjp, blamed: jax)"
+    suite = ET.fromstring(reports.render_junit(run).encode()).findall("testsuite")[1]
+    assert origin in suite.find("testcase/system-out").text and origin in suite.find("testcase/failure").text
+    assert f"Replayed layer by layer: {origin}." in page_text(reports.render_html(run))
