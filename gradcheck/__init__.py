@@ -14,6 +14,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Module",
+    "assert_gradients_agree",
     "buffer",
     "child",
     "gradient",

@@ -11,12 +11,14 @@ from __future__ import annotations
 import argparse
 import os
 import shlex
+import shutil
 import sys
 import time
 import traceback
 
 EXIT_OK, EXIT_DISAGREE, EXIT_USAGE, EXIT_INTERNAL, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 DEFAULT_OUTPUT = "gradcheck-report"
+FORMATS = ("html", "json", "junit", "markdown")
 
 
 class UsageError(Exception):
@@ -24,6 +26,8 @@ class UsageError(Exception):
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from gradcheck.settings import KEYS
+
     p = argparse.ArgumentParser(
         prog="gradcheck",
         description="Cross-check gradients across gradcheck's tape AD, PyTorch and JAX, "
@@ -35,28 +39,20 @@ def build_parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="check models, suites or your own cases",
                          description="TARGET is a model (resnet18), a suite (layers, models, smoke, fuzz), "
                          "a layer name (Conv2d: its cases from the layers suite) or package.module:function "
-                         "returning a Case or a list of Cases.")
+                         "returning a Case or a list of Cases (the current folder is importable).")
     run.add_argument("targets", nargs="+", metavar="TARGET")
-    run.add_argument("--backends", help="comma-separated: tape,torch,jax (default: all three)")
-    run.add_argument("--dtype", choices=["float32", "float64", "both"],
-                     help="default: float32 for models, each case's own for suites and your cases")
-    run.add_argument("--seed", type=int, help="seed for parameters, inputs and the loss cotangent (default 0)")
-    run.add_argument("--batch", type=int, help="batch size for model targets")
+    # Values are checked by gradcheck.settings, which says the same about them as the config file does.
+    for name in ("backends", "dtype", "seed", "mode", "referee", "imprecise", "rtol", "atol", "output"):
+        key = KEYS[name]
+        run.add_argument(f"--{name}", metavar=key.metavar, help=key.help
+                         + (f" {{{','.join(key.choices)}}}" if key.choices else ""))
+    run.add_argument("--batch", metavar="N", help="batch size for model targets")
     run.add_argument("--input-shape", help="per-example input shape for model targets, e.g. 3x224x224")
-    run.add_argument("--mode", choices=["train", "eval"], help="train (batch statistics, dropout) or eval")
     run.add_argument("-k", dest="keyword", help="only cases whose name contains this (case-insensitive)")
-    run.add_argument("--shard", help="I/N: run the I-th of N shards (1-based), for a CI matrix")
-    run.add_argument("--rtol", type=float, help="relative tolerance for every leaf (overrides defaults)")
-    run.add_argument("--atol", type=float, help="absolute tolerance for every leaf (added to the scaled one)")
-    run.add_argument("--referee", choices=["auto", "leaves", "joint", "off"],
-                     help="float64 finite differences: per leaf, joint, auto (per leaf when cheap), off")
-    run.add_argument("--noise-probe", metavar="LIST",
-                     help="backends whose float32 rounding noise is measured (each again in float64) to set "
-                          "float32 tolerances: auto (default: tape, and torch if it runs, else jax) or a "
-                          "comma-separated list, e.g. tape,torch,jax")
+    run.add_argument("--shard", help="I/N: run the I-th of N shards (1-based), for a CI matrix; "
+                     "a shard with no case exits 0")
     run.add_argument("--config", help="TOML file with [tool.gradcheck] settings (default: ./pyproject.toml)")
-    run.add_argument("--output", help=f"folder for reports (default ./{DEFAULT_OUTPUT})")
-    for fmt in ("html", "json", "junit", "markdown"):
+    for fmt in FORMATS:
         run.add_argument(f"--{fmt}", metavar="PATH", help=f"write the {fmt} report here")
     run.add_argument("--results", metavar="PATH", help="stream results as JSON lines here (default in --output)")
     run.add_argument("--no-html", action="store_true", help="do not write the default HTML report")
@@ -67,7 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     rep = sub.add_parser("report", help="render reports from stored results (JSON or JSON lines)")
     rep.add_argument("results")
-    for fmt in ("html", "json", "junit", "markdown"):
+    for fmt in FORMATS:
         rep.add_argument(f"--{fmt}", metavar="PATH")
 
     diff = sub.add_parser("diff", help="compare two stored runs: leaves whose verdict or error changed")
@@ -84,9 +80,13 @@ def main(argv=None) -> int:
     if args.command is None:
         parser.print_help()
         return EXIT_USAGE
+    from gradcheck.output import OutputError
+    from gradcheck.settings import SettingsError
+    from gradcheck.targets import TargetError
+
     try:
         return {"run": cmd_run, "list": cmd_list, "report": cmd_report, "diff": cmd_diff}[args.command](args)
-    except UsageError as exc:
+    except (UsageError, SettingsError, TargetError, OutputError) as exc:
         print(f"gradcheck: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
@@ -100,155 +100,98 @@ def main(argv=None) -> int:
 
 
 # ---------------------------------------------------------------- run
-def _settings(args):
-    from gradcheck import config
+def run_settings(args):
+    """The run's settings: defaults, then [tool.gradcheck] (or --config), then the flags."""
+    from gradcheck import settings as S
 
-    try:
-        table, source = config.load(args.config)
-    except config.ConfigError as exc:
-        raise UsageError(str(exc)) from exc
-    return table, source
-
-
-def _backends(value) -> tuple[str, ...]:
-    from gradcheck.backends import BACKENDS
-
-    if value is None:
-        return BACKENDS
-    names = [b.strip() for b in (value.split(",") if isinstance(value, str) else value) if b.strip()]
-    for b in names:
-        if b not in BACKENDS:
-            raise UsageError(f"unknown backend {b!r} in --backends; choose from {', '.join(BACKENDS)}")
-    if not names:
-        raise UsageError("--backends is empty; name at least one of tape, torch, jax")
-    return tuple(dict.fromkeys(names))
-
-
-def _noise_probe(value, where: str) -> tuple[str, ...] | None:
-    """``auto`` (None: the runner's default) or the named backends, checked as the pytest plugin checks them."""
-    from gradcheck.assertions import CheckSettings
-
-    try:
-        return CheckSettings.parse(where, noise_probe=value).noise_probe or None
-    except ValueError as exc:
-        raise UsageError(str(exc)) from None
-
-
-def _shard(value):
-    if value is None:
-        return None
-    try:
-        i, n = (int(v) for v in value.split("/"))
-    except ValueError:
-        raise UsageError(f"--shard {value!r}: expected I/N, e.g. 2/4") from None
-    if not 1 <= i <= n:
-        raise UsageError(f"--shard {value!r}: I must be between 1 and N")
-    return i, n
-
-
-def _input_shape(value):
-    if value is None:
-        return None
-    try:
-        shape = tuple(int(v) for v in value.lower().replace(",", "x").split("x"))
-    except ValueError:
-        raise UsageError(f"--input-shape {value!r}: expected sizes joined by x, e.g. 3x224x224") from None
-    if not shape or any(s <= 0 for s in shape):
-        raise UsageError(f"--input-shape {value!r}: sizes must be positive")
-    return shape
+    config, _ = S.from_config(args.config)
+    flags = S.from_values({k: getattr(args, k) for k in S.VALUE_KEYS if k in vars(args)}, "gradcheck run",
+                          spell=S.spell_flag(), text=True, allowed=S.VALUE_KEYS, rule_name="command line: --rtol/--atol")
+    return flags.over(config)
 
 
 def cmd_run(args) -> int:
     from gradcheck import runner, targets
-    from gradcheck.tolerance import ToleranceRules
+    from gradcheck import settings as S
 
-    table, source = _settings(args)
-    pick = lambda flag, key, default: flag if flag is not None else table.get(key, default)  # noqa: E731
-    backends = _backends(pick(args.backends, "backends", None))
-    dtype = pick(args.dtype, "dtype", None)
-    if dtype not in (None, "float32", "float64", "both"):
-        raise UsageError(f"{source or 'config'}: dtype = {dtype!r}; expected float32, float64 or both")
-    seed = int(pick(args.seed, "seed", 0))
-    mode = pick(args.mode, "mode", None)
-    referee = pick(args.referee, "referee", "auto")
-    if referee not in ("auto", "leaves", "joint", "off"):
-        raise UsageError(f"{source or 'config'}: referee = {referee!r}; expected auto, leaves, joint or off")
-    noise_probe = (_noise_probe(args.noise_probe, "gradcheck run") if args.noise_probe is not None
-                   else _noise_probe(table.get("noise_probe"), source or "config"))
-    try:
-        rules = ToleranceRules.from_config(table.get("tolerance", {}), source or "config")
-    except ValueError as exc:
-        raise UsageError(str(exc)) from exc
-    rules = rules.with_overrides(table.get("rtol"), table.get("atol"), name=f"{source}: rtol/atol")
-    rules = rules.with_overrides(args.rtol, args.atol)
+    settings = run_settings(args)
+    S.require_comparison(settings.backends_or_default(), settings.referee_or_default(), cli=True)
+    request = targets.Request(dtype=settings.dtype, seed=settings.seed, batch=S.parse_batch(args.batch),
+                              input_shape=S.parse_input_shape(args.input_shape), mode=settings.mode)
+    shard = S.parse_shard(args.shard)
+    cases = targets.resolve(args.targets, request)
+    chosen = targets.select(cases, args.keyword)
+    if not chosen:
+        raise UsageError(f"-k {args.keyword!r}: no name of the {len(cases)} case(s) of {' '.join(args.targets)} "
+                         "contains it; drop -k to run them all")
+    selected = targets.select(chosen, shard=shard)
+    if not selected:
+        # A CI matrix sized for a larger suite: an empty shard has nothing to fail on.
+        print(f"gradcheck: shard {args.shard} has no case ({len(chosen)} case(s) over {shard[1]} shards); "
+              "nothing to run", file=sys.stderr)
+        return EXIT_OK
 
-    request = targets.Request(dtype=dtype, seed=seed, batch=args.batch, input_shape=_input_shape(args.input_shape),
-                              mode=mode)
-    try:
-        cases = targets.resolve(args.targets, request)
-    except targets.TargetError as exc:
-        raise UsageError(str(exc)) from exc
-    cases = targets.select(cases, args.keyword, _shard(args.shard))
-    if not cases:
-        raise UsageError(f"no case matches -k {args.keyword!r} / --shard {args.shard} in {' '.join(args.targets)}")
-
-    out_dir = pick(args.output, "output", DEFAULT_OUTPUT)
-    results_path = args.results or os.path.join(out_dir, "results.jsonl")
-    html_path = args.html or (None if args.no_html else os.path.join(out_dir, "report.html"))
+    paths, results_path = _output_paths(args, settings.output)
     command = "gradcheck " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:] else "gradcheck run"
-    base_cmd = "gradcheck run " + " ".join(shlex.quote(t) for t in args.targets)
-    flags = f" --seed {seed}" + (f" --backends {','.join(backends)}" if args.backends else "")
-    flags += f" --noise-probe {','.join(noise_probe)}" if noise_probe else ""
-
-    def replay(case):
-        return f"{base_cmd}{flags} --dtype {case.dtype} -k {shlex.quote(case.name)}"
-
-
-    options = runner.RunOptions(backends=backends, rules=rules, referee=referee, noise_probe=noise_probe,
-                                referee_budget_s=float(table.get("referee_budget_s", 20.0)), replay=replay)
-    env = runner.environment(seed=seed, command=command)
-    progress = Progress(len(cases), quiet=args.quiet)
+    options = settings.run_options(replay=targets.replay(args.targets, settings))
+    env = runner.environment(seed=settings.seed if settings.seed is not None else 0, command=command)
+    progress = Progress(len(selected), quiet=args.quiet)
     started = time.perf_counter()
     interrupted = False
     result = None
     try:
-        result = runner.run(cases, options, results_path=results_path, env=env,
+        result = runner.run(selected, options, results_path=results_path, env=env,
                             on_case=progress.case_done, on_start=progress.case_start)
     except KeyboardInterrupt:
         interrupted = True
     progress.close()
     if result is None:  # interrupted: what finished is on disk
-        from gradcheck import results as results_mod
-
-        result = results_mod.load(results_path)
+        result = _finished(results_path, env)
+    result.planned = len(selected)
+    result.interrupted = interrupted
     result.env["wall_s"] = round(time.perf_counter() - started, 3)
-    written = _write_reports(result, html=html_path, json_path=args.json, junit=args.junit, markdown=args.markdown)
+    written = _write_reports(result, paths)
     written.insert(0, ("results", results_path))
     _print_summary(result, written)
     if interrupted:
-        print(f"gradcheck: interrupted after {len(result.cases)} case(s); they are in {results_path}",
-              file=sys.stderr)
+        print(f"gradcheck: interrupted after {len(result.cases)} of {len(selected)} case(s); "
+              f"they are in {results_path}", file=sys.stderr)
         return EXIT_INTERRUPTED
     return EXIT_DISAGREE if result.failed else EXIT_OK
 
 
-def _write_reports(result, html=None, json_path=None, junit=None, markdown=None):
-    from gradcheck import reports
+def _output_paths(args, output: str | None):
+    """``({format: path}, results path)``, each checked before the first case runs, not after the last."""
+    from gradcheck.output import OutputError, check_file
 
-    written = []
-    for path, writer, label in ((html, reports.write_html, "html"), (json_path, reports.write_json, "json"),
-                                (junit, reports.write_junit, "junit")):
+    out_dir = output or DEFAULT_OUTPUT
+    paths = {fmt: getattr(args, fmt) for fmt in FORMATS}
+    if paths["html"] is None and not args.no_html:
+        paths["html"] = os.path.join(out_dir, "report.html")
+    results_path = args.results or os.path.join(out_dir, "results.jsonl")
+    in_out_dir = args.results is None or (args.html is None and not args.no_html)
+    if in_out_dir and os.path.exists(out_dir) and not os.path.isdir(out_dir):
+        raise OutputError(f"--output {out_dir}: is a file; --output takes a folder for the reports")
+    check_file(results_path, "--results" if args.results else "--output")
+    for fmt, path in paths.items():
         if path:
-            os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-            writer(result, path)
-            written.append((label, path))
-    summary_target = markdown or os.environ.get("GITHUB_STEP_SUMMARY")
-    if summary_target:
-        text = reports.render_markdown(result)
-        mode = "w" if markdown else "a"  # GitHub's step summary is appended to
-        with open(summary_target, mode, encoding="utf-8") as fh:
-            fh.write(text)
-        written.append(("markdown", summary_target))
+            check_file(path, f"--{fmt}" if getattr(args, fmt) else "--output")
+    return paths, results_path
+
+
+def _finished(results_path, env):
+    """The cases an interrupted run finished, from its results file (none if it never got to write one)."""
+    from gradcheck import results as results_mod
+
+    if os.path.isfile(results_path):
+        return results_mod.load(results_path)
+    return results_mod.RunResult(env=env)
+
+
+def _write_reports(result, paths: dict):
+    from gradcheck import output, reports
+
+    written = output.write_reports(result, paths, step_summary=os.environ.get("GITHUB_STEP_SUMMARY"))
     if os.environ.get("GITHUB_ACTIONS") == "true":
         for line in reports.github_annotations(result):
             print(line)
@@ -264,7 +207,12 @@ def _print_summary(result, written):
 
 
 class Progress:
-    """A progress bar on a terminal; plain lines otherwise (CI logs)."""
+    """A progress bar on a terminal; plain lines otherwise (CI logs).
+
+    Case names come from user code: every line goes through the reports'
+    ``clean_line``, so a newline or an escape byte in a name cannot start a
+    CI command line (``::error ...``) or recolour the log.
+    """
 
     def __init__(self, total: int, quiet: bool = False, stream=None):
         self.total, self.quiet = total, quiet
@@ -272,35 +220,46 @@ class Progress:
         self.tty = self.stream.isatty()
         self.t0 = time.perf_counter()
 
+    def _width(self) -> int:
+        # One column short of the terminal: a line that fills it wraps on some terminals.
+        return max(shutil.get_terminal_size((80, 24)).columns - 1, 20)
+
     def case_start(self, i, total, case):
-        if self.quiet:
+        if self.quiet or not self.tty:
             return
-        if self.tty:
-            width = 24
-            filled = int(width * i / max(total, 1))
-            self.stream.write(f"\r[{'#' * filled}{'.' * (width - filled)}] {i}/{total} {case.name[:50]:<50}")
-            self.stream.flush()
+        from gradcheck.reports.text import clean_line
+
+        bar = 20
+        filled = int(bar * i / max(total, 1))
+        head = f"[{'#' * filled}{'.' * (bar - filled)}] {i}/{total} "
+        room = max(self._width() - len(head), 0)
+        self.stream.write("\r" + (head + clean_line(case.name)[:room]).ljust(self._width()))
+        self.stream.flush()
 
     def case_done(self, i, total, result):
         if self.quiet:
             return
+        from gradcheck.reports.text import clean_line
+
         elapsed = time.perf_counter() - self.t0
-        line = f"[{i + 1}/{total}] {result.name}: {result.verdict} ({result.leaves_compared} leaves, {elapsed:.1f}s)"
+        line = clean_line(f"[{i + 1}/{total}] {result.name}: {result.verdict} "
+                          f"({result.leaves_compared} leaves, {elapsed:.1f}s)")
         if self.tty:
-            self.stream.write("\r" + " " * 90 + "\r")
+            self.stream.write("\r" + " " * self._width() + "\r")
         self.stream.write(line + "\n")
         self.stream.flush()
 
     def close(self):
         if self.tty and not self.quiet:
-            self.stream.write("\r" + " " * 90 + "\r")
+            self.stream.write("\r" + " " * self._width() + "\r")
             self.stream.flush()
 
 
 # ---------------------------------------------------------------- list, report, diff
 def cmd_list(args) -> int:
     from gradcheck import targets
-    from gradcheck.backends import BACKENDS, get_backend
+    from gradcheck.backends import get_backend
+    from gradcheck.runner import DEFAULT_BACKENDS
 
     what = args.what
     if what in (None, "models"):
@@ -316,28 +275,42 @@ def cmd_list(args) -> int:
         print("  " + ", ".join(targets.layer_names()))
     if what in (None, "backends"):
         print("backends:")
-        for name in BACKENDS:
+        for name in DEFAULT_BACKENDS:
             ok, why = get_backend(name).available()
             print(f"  {name:<6} {'available, ' + why if ok else 'UNAVAILABLE: ' + why}")
     return EXIT_OK
 
 
 def _load(path):
+    """A stored run, or a usage error that names the file when it is not one."""
     from gradcheck import results
 
     if not os.path.isfile(path):
-        raise UsageError(f"results file {path!r} does not exist; pass the results.jsonl or JSON of a run")
+        what = "is a folder" if os.path.isdir(path) else "does not exist"
+        raise UsageError(f"results file {path!r} {what}; pass the results.jsonl or JSON file of a run")
     try:
-        return results.load(path)
-    except (ValueError, KeyError, TypeError) as exc:
-        raise UsageError(f"{path}: cannot read results ({exc})") from exc
+        run = results.load(path)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise UsageError(f"{path}: not a gradcheck results file ({type(exc).__name__}: {exc}); pass the "
+                         "results.jsonl or JSON file that gradcheck run or pytest --gradcheck-json wrote") from None
+    # JSON lines that held neither a run header nor a case (any other text file) load as an empty run.
+    if not run.cases and not run.env:
+        raise UsageError(f"{path}: not a gradcheck results file (no run header and no case in it); pass the "
+                         "results.jsonl or JSON file that gradcheck run or pytest --gradcheck-json wrote")
+    return run
 
 
 def cmd_report(args) -> int:
+    from gradcheck.output import check_file
+
     result = _load(args.results)
-    if not any((args.html, args.json, args.junit, args.markdown)):
-        args.html = os.path.join(os.path.dirname(os.path.abspath(args.results)), "report.html")
-    written = _write_reports(result, html=args.html, json_path=args.json, junit=args.junit, markdown=args.markdown)
+    paths = {fmt: getattr(args, fmt) for fmt in FORMATS}
+    if not any(paths.values()):
+        paths["html"] = os.path.join(os.path.dirname(os.path.abspath(args.results)), "report.html")
+    for fmt, path in paths.items():
+        if path:
+            check_file(path, f"--{fmt}")
+    written = _write_reports(result, paths)
     _print_summary(result, written)
     return EXIT_DISAGREE if result.failed else EXIT_OK
 
@@ -349,7 +322,3 @@ def cmd_diff(args) -> int:
     changes = rundiff.diff(base, new, threshold=args.threshold)
     print(rundiff.render(changes, args.base, args.new))
     return EXIT_DISAGREE if any(c.worse for c in changes) else EXIT_OK
-
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())

@@ -19,7 +19,6 @@ a backend's framework is imported by the first check that uses it.
 
 from __future__ import annotations
 
-import inspect
 import json
 import os
 import shlex
@@ -28,22 +27,13 @@ from pathlib import Path
 import pytest
 
 from gradcheck import assertions as A
+from gradcheck import settings as S
+from gradcheck.output import FORMATS as REPORT_FORMATS
 
-REPORT_FORMATS = ("html", "json", "junit", "markdown")
-# (setting, value placeholder, help); each is --gradcheck-<name> and ini gradcheck_<name>.
-SETTINGS = (
-    ("backends", "LIST", "backends to compare, comma-separated: tape,torch,jax (default: all three)"),
-    ("dtype", "DTYPE", "float32 or float64 (default: the model's parameter dtype)"),
-    ("seed", "N", "seed of the loss cotangent and referee directions (default 0)"),
-    ("rtol", "X", "relative tolerance for every leaf (on top of the defaults per dtype)"),
-    ("atol", "X", "absolute tolerance for every leaf (added to the scaled one)"),
-    ("referee", "MODE", "float64 finite differences: auto (default), leaves, joint, off"),
-    ("mode", "MODE", "train or eval (default: the model's own mode)"),
-    ("noise_probe", "LIST", "backends whose float32 noise sets float32 tolerances: auto (default: tape, and "
-     "torch if it runs, else jax) or a list"),
-)
-MARKER = ("gradcheck(backends=None, dtype=None, seed=None, rtol=None, atol=None, referee=None, mode=None, "
-          "noise_probe=None): "
+# Each per-check setting is --gradcheck-<name> and ini gradcheck_<name>; names, help and checks
+# are gradcheck.settings', shared with `gradcheck run`, [tool.gradcheck] and the assertion.
+SETTINGS = S.CHECK_KEYS
+MARKER = ("gradcheck(" + ", ".join(f"{k}=None" for k in SETTINGS) + "): "
           "gradient cross-check settings for this test, overriding the --gradcheck-* options")
 
 _STATE = pytest.StashKey["_State"]()
@@ -54,8 +44,12 @@ _EXAMPLES = pytest.StashKey[dict]()
 
 def pytest_addoption(parser):
     group = parser.getgroup("gradcheck", "gradient cross-checks (gradcheck)")
-    for name, metavar, text in SETTINGS:
-        group.addoption(_flag(name), dest=f"gradcheck_{name}", metavar=metavar, default=None, help=text)
+    for name in SETTINGS:
+        key = S.KEYS[name]
+        text = key.help + (f"; for a check the default is {key.check_default}" if key.check_default else "")
+        choices = f" {{{','.join(key.choices)}}}" if key.choices else ""
+        group.addoption(_flag(name), dest=f"gradcheck_{name}", metavar=key.metavar, default=None,
+                        help=text + choices)
         parser.addini(f"gradcheck_{name}", f"gradcheck: {text}", type="string", default="")
     for fmt in REPORT_FORMATS:
         group.addoption(f"--gradcheck-{fmt}", dest=f"gradcheck_{fmt}", metavar="PATH", default=None,
@@ -72,33 +66,34 @@ class _State:
 
     def __init__(self, config):
         self.worker = hasattr(config, "workerinput")  # a pytest-xdist worker never writes reports
-        table, source = _pyproject(config)
-        self.source = source
+        given = {k: config.getoption(f"gradcheck_{k}") for k in SETTINGS}
+        ini = config.inipath.name if config.inipath else "ini"
         try:
-            # dtype = "both" means two runs to `gradcheck run`; one assertion has one dtype.
-            base = A.CheckSettings.parse(source or "[tool.gradcheck]",
-                                         **{k: table.get(k) for k, _, _ in SETTINGS
-                                            if not (k == "dtype" and table.get(k) == "both")})
-            ini = A.CheckSettings.parse("ini", **{k: config.getini(f"gradcheck_{k}") for k, _, _ in SETTINGS})
-            cli = A.CheckSettings.parse("command line",
-                                        **{k: config.getoption(f"gradcheck_{k}") for k, _, _ in SETTINGS})
-        except ValueError as exc:
+            base = _pyproject(config)
+            ini_layer = S.from_values({k: config.getini(f"gradcheck_{k}") for k in SETTINGS}, ini,
+                                      spell=S.spell_ini, text=True, rule_name=f"pytest {ini}: gradcheck_rtol/atol")
+            cli_layer = S.from_values(given, "pytest command line", spell=S.spell_flag("--gradcheck-"), text=True,
+                                      rule_name="pytest: --gradcheck-rtol/atol")
+        except S.SettingsError as exc:
             raise pytest.UsageError(f"gradcheck: {exc}") from None
-        self.settings = cli.over(ini.over(base))
-        self.cli_flags = " ".join(f"{_flag(k)} {shlex.quote(_flag_value(getattr(cli, k)))}"
-                                  for k, _, _ in SETTINGS if getattr(cli, k) is not None)
-        from gradcheck.tolerance import ToleranceRules
-
-        try:
-            self.rules = ToleranceRules.from_config(table.get("tolerance", {}), source or "config")
-        except ValueError as exc:
-            raise pytest.UsageError(f"gradcheck: {exc}") from None
+        self.settings = cli_layer.over(ini_layer.over(base))
+        # Replays spell the options as they were typed.
+        self.cli_flags = " ".join(f"{_flag(k)} {shlex.quote(v)}" for k, v in given.items() if v not in (None, ""))
         here = Path(config.invocation_params.dir)
         self.reports = {}
         for fmt in REPORT_FORMATS:
             path = config.getoption(f"gradcheck_{fmt}") or config.getini(f"gradcheck_{fmt}")
             if path:
                 self.reports[fmt] = here / os.path.expanduser(path)
+        if not self.worker:
+            from gradcheck.output import OutputError, check_file
+
+            # Refused now, not after the session's last test.
+            for fmt, path in self.reports.items():
+                try:
+                    check_file(path, f"--gradcheck-{fmt}")
+                except OutputError as exc:
+                    raise pytest.UsageError(f"gradcheck: {exc}") from None
         self.suites = [s.strip() for value in config.getoption("gradcheck_suite") for s in value.split(",")
                        if s.strip()]
         self.payloads: list[dict] = []  # every check's case result, as its JSON dict
@@ -107,9 +102,6 @@ class _State:
         self.failed_writes: list[str] = []
         self.suites_collected = False  # by `pytest --pyargs gradcheck.suites`
         self.config = config
-
-    def rule_name(self, marker: bool) -> str:
-        return "pytest: " + ("gradcheck marker / " if marker else "") + "--gradcheck-rtol/atol, ini"
 
     # This object is registered as a plugin of its own config, so these hooks see
     # this session's state even when pytest runs nested (pytester) in one process.
@@ -131,12 +123,16 @@ class _State:
     def pytest_sessionfinish(self, session, exitstatus):
         if self.worker or not self.reports:
             return
+        from gradcheck.output import write_reports
+
         run = _run_result(self.config, self)
+        run.interrupted = exitstatus == pytest.ExitCode.INTERRUPTED
+        summary = os.environ.get("GITHUB_STEP_SUMMARY")
         for fmt, path in self.reports.items():
+            # GitHub's step summary file is shared by the step: added to, never replaced.
+            step = summary if fmt == "markdown" and summary and Path(summary).resolve() == path.resolve() else None
             try:
-                path.parent.mkdir(parents=True, exist_ok=True)
-                _write(fmt, run, path)
-                self.written.append((fmt, path))
+                self.written += write_reports(run, {fmt: path}, step_summary=step)
             except Exception as exc:  # a missing report fails the session, loudly
                 self.failed_writes.append(
                     f"could not write the {fmt} report to {path}: {type(exc).__name__}: {exc}")
@@ -169,32 +165,14 @@ def _flag(setting: str) -> str:
     return "--gradcheck-" + setting.replace("_", "-")
 
 
-def _flag_value(value) -> str:
-    if value == ():  # noise_probe's "auto"
-        return "auto"
-    return ",".join(value) if isinstance(value, tuple) else str(value)
-
-
-def _pyproject(config) -> tuple[dict, str]:
+def _pyproject(config) -> S.Settings:
     """``[tool.gradcheck]`` of the project's pyproject.toml (the ini file, or the one at rootdir)."""
-    from gradcheck import config as gconfig
-
     path = config.inipath if config.inipath and config.inipath.name == "pyproject.toml" else None
     if path is None and (config.rootpath / "pyproject.toml").is_file():
         path = config.rootpath / "pyproject.toml"
     if path is None:
-        return {}, ""
-    try:
-        table, source = gconfig.load(path)
-    except gconfig.ConfigError as exc:
-        raise pytest.UsageError(f"gradcheck: {exc}") from None
-    # load() treats an explicit path leniently (top-level keys of a bare TOML file); a
-    # pyproject.toml holds gradcheck settings only under [tool.gradcheck].
-    import tomllib
-
-    if "gradcheck" not in tomllib.loads(Path(path).read_text(encoding="utf-8")).get("tool", {}):
-        return {}, ""
-    return table, source
+        return S.Settings()
+    return S.from_config(path)[0]
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -216,14 +194,15 @@ def pytest_unconfigure(config):
 
 
 # ---------------------------------------------------------------- around each test
-def _marker_settings(item) -> tuple[A.CheckSettings, bool]:
-    settings, found = A.CheckSettings(), False
+def _marker_settings(item) -> tuple[S.Settings, bool]:
+    settings, found = S.Settings(), False
+    where = f"{item.nodeid}: @pytest.mark.gradcheck"
     for mark in reversed(list(item.iter_markers("gradcheck"))):  # the closest marker wins
         found = True
         if mark.args:
-            raise ValueError(f"{item.nodeid}: @pytest.mark.gradcheck takes keyword arguments only "
-                             f"(got positional {mark.args!r}); e.g. @pytest.mark.gradcheck(backends=['tape', 'torch'])")
-        settings = A.CheckSettings.parse(f"{item.nodeid}: @pytest.mark.gradcheck", **mark.kwargs).over(settings)
+            raise S.SettingsError(f"{where} takes keyword arguments only (got positional {mark.args!r}); "
+                                  "e.g. @pytest.mark.gradcheck(backends=['tape', 'torch'])")
+        settings = S.from_values(mark.kwargs, where, rule_name=f"gradcheck marker of {item.nodeid}").over(settings)
     return settings, found
 
 
@@ -249,9 +228,8 @@ def pytest_runtest_protocol(item, nextitem):
     def replay(name):
         return f"pytest {shlex.quote(item.nodeid)}" + (f" {state.cli_flags}" if state.cli_flags else "")
 
-    ctx = item.stash[_CONTEXT] = A.CheckContext(settings=state.settings, rules=state.rules,
-                                                rule_name=state.rule_name(False), nodeid=item.nodeid,
-                                                record=record, replay=replay)
+    ctx = item.stash[_CONTEXT] = A.CheckContext(settings=state.settings, nodeid=item.nodeid, record=record,
+                                                replay=replay)
     token = A.set_context(ctx)
     try:
         return (yield)
@@ -266,11 +244,10 @@ def pytest_runtest_setup(item):
         return
     try:
         marker, found = _marker_settings(item)
-    except ValueError as exc:  # a bad marker is this test's setup error, without our traceback
+    except S.SettingsError as exc:  # a bad marker is this test's setup error, without our traceback
         pytest.fail(str(exc), pytrace=False)
     if found:
         ctx.settings = marker.over(ctx.settings)
-        ctx.rule_name = item.config.stash[_STATE].rule_name(True)
 
 
 @pytest.hookimpl(wrapper=True)
@@ -303,23 +280,6 @@ def _run_result(config, state):
     return RunResult(env=env, cases=[case_from_dict(p["case"]) for p in payloads])
 
 
-def _write(fmt, run, path):
-    if fmt == "json":  # the JSON form is the result model's own; no renderer needed
-        from gradcheck.results import dumps
-
-        path.write_text(dumps(run) + "\n", encoding="utf-8")
-        return
-    from gradcheck import reports
-
-    if fmt == "markdown":
-        # GitHub's step summary file is shared by the step: add to it, do not replace it.
-        append = os.environ.get("GITHUB_STEP_SUMMARY") and Path(os.environ["GITHUB_STEP_SUMMARY"]) == path
-        with open(path, "a" if append else "w", encoding="utf-8") as fh:
-            fh.write(reports.render_markdown(run))
-        return
-    {"html": reports.write_html, "junit": reports.write_junit}[fmt](run, path)
-
-
 # ---------------------------------------------------------------- fixture
 class Gradcheck:
     """The ``gradcheck`` fixture: checks bound to this test's options and marker."""
@@ -328,7 +288,7 @@ class Gradcheck:
         self._ctx = ctx
 
     @property
-    def settings(self) -> A.CheckSettings:
+    def settings(self) -> S.Settings:
         """The effective settings (command line, ini, pyproject, marker) for this test."""
         return self._ctx.settings
 
@@ -351,43 +311,15 @@ def gradcheck(request):
 
 
 # ---------------------------------------------------------------- suites as tests
-def _suite_cases(target: str, settings: A.CheckSettings) -> list:
-    """The cases of a built-in suite name or a ``package.module:function`` target."""
-    import importlib
+def _suite_cases(target: str, settings: S.Settings) -> list:
+    """The cases of a target, as ``gradcheck run`` resolves it (``gradcheck.targets``)."""
+    from gradcheck import targets
 
-    if ":" in target:
-        module_name, _, fn_name = target.partition(":")
-        try:
-            fn = getattr(importlib.import_module(module_name), fn_name)
-        except (ImportError, AttributeError) as exc:
-            raise pytest.UsageError(f"--gradcheck-suite {target}: cannot load it ({exc}); expected "
-                                    "package.module:function returning a Case or a list of Cases") from None
-    else:
-        try:
-            from gradcheck.suites import SUITES
-        except ImportError as exc:
-            raise pytest.UsageError(f"--gradcheck-suite {target}: the built-in suites are unavailable ({exc})") from None
-        if target not in SUITES:
-            raise pytest.UsageError(f"--gradcheck-suite {target}: no such suite; choose from {', '.join(SUITES)} "
-                                    "or give package.module:function")
-        fn = SUITES[target]
+    request = targets.Request(dtype=settings.dtype, seed=settings.seed, mode=settings.mode)
     try:
-        accepted = inspect.signature(fn).parameters
-    except (TypeError, ValueError):
-        accepted = {}
-    kwargs = {k: v for k, v in (("seed", settings.seed if settings.seed is not None else 0),
-                                ("dtype", settings.dtype)) if k in accepted}
-    try:
-        cases = fn(**kwargs)
-    except Exception as exc:
-        raise pytest.UsageError(f"--gradcheck-suite {target}: building its cases failed: "
-                                f"{type(exc).__name__}: {exc}") from exc
-    cases = [cases] if not isinstance(cases, (list, tuple)) else list(cases)
-    if settings.mode is not None:
-        cases = [c.with_(mode=settings.mode) for c in cases]
-    if settings.dtype is not None and "dtype" not in accepted:
-        cases = [c.with_(dtype=settings.dtype) for c in cases]
-    return cases
+        return targets.resolve([target], request)
+    except targets.TargetError as exc:
+        raise pytest.UsageError(f"--gradcheck-suite {target}: {exc}") from None
 
 
 class SuiteCollector(pytest.Collector):
@@ -417,10 +349,11 @@ class SuiteItem(pytest.Item):
         self.target = target
 
     def runtest(self):
+        from gradcheck.targets import replay
+
         ctx = self.stash.get(_CONTEXT, None) or A.CheckContext()
-        seed = ctx.settings.seed if ctx.settings.seed is not None else 0
-        ctx.replay = lambda name: (f"gradcheck run {shlex.quote(self.target)} -k {shlex.quote(self.case.name)} "
-                                   f"--seed {seed} --dtype {self.case.dtype}")
+        command = replay([self.target], ctx.settings)
+        ctx.replay = lambda name: command(self.case)
         result = A.run_suite_case(self.case, ctx)
         if result.failed:
             raise A.GradientsDisagree(A.format_failure(result), result)

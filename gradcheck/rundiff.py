@@ -22,7 +22,11 @@ def _index(run: RunResult):
 
 
 def diff(base: RunResult, new: RunResult, threshold: float = 2.0) -> list[Change]:
-    """Leaves whose verdict changed, whose errors changed, or whose headroom grew by ``threshold``x."""
+    """Leaves whose verdict changed, whose errors changed, or whose headroom grew by ``threshold``x.
+
+    A case of ``base`` that ``new`` no longer has counts as worse (a run that
+    stopped early, a case dropped from a suite): nothing checks it any more.
+    """
     changes: list[Change] = []
     old_cases, new_cases = _index(base), _index(new)
     for name, case in new_cases.items():
@@ -56,7 +60,8 @@ def diff(base: RunResult, new: RunResult, threshold: float = 2.0) -> list[Change
             changes.append(Change(name, path, prev.verdict, "absent", "leaf no longer checked", False))
     for name, old in old_cases.items():
         if name not in new_cases:
-            changes.append(Change(name, "", old.verdict, "absent", "case no longer run", False))
+            # A check that is gone can no longer fail: that is a change for the worse, not none.
+            changes.append(Change(name, "", old.verdict, "absent", "case no longer run", True))
     return changes
 
 

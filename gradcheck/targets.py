@@ -1,25 +1,47 @@
-"""What ``gradcheck run TARGET`` means: a model, a suite, a layer, or ``package.module:function``."""
+"""What a target names: a model, a suite, a layer, or ``package.module:function`` returning cases.
+
+``gradcheck run TARGET...`` and the pytest plugin's ``--gradcheck-suite``
+both resolve targets here, with the same rules:
+
+* a function target is called with the keywords it takes among ``seed``
+  and ``dtype`` (a built-in suite takes both) and no others, and may return
+  a Case or a list of Cases;
+* an explicit seed, dtype or mode is then set on every case; the name stays
+  the configuration's name (``--dtype float64`` checks the same case in
+  float64 only, it does not make another one);
+* the current folder is importable, as under pytest and ``python -m``, so
+  ``gradcheck run mycases:cases`` works next to ``mycases.py``;
+* the same case named by several targets (``smoke`` and ``layers`` share
+  rows) runs once; two different cases under one name are an error that
+  names the targets they came from.
+"""
 
 from __future__ import annotations
 
 import difflib
 import importlib
+import inspect
+import os
+import sys
+import traceback
 from dataclasses import dataclass
+
+import numpy as np
 
 from gradcheck.case import Case
 
 
 class TargetError(ValueError):
-    """A target that names nothing runnable (the message lists what there is)."""
+    """A target that names nothing runnable (the message names it and lists what there is)."""
 
 
 @dataclass
 class Request:
-    dtype: str | None = None  # None: the target's own (float32 for models, both for suites)
-    seed: int = 0
+    dtype: str | None = None  # None: each case's own
+    seed: int | None = None  # None: each case's own (0 for built-in suites and models)
     batch: int | None = None
     input_shape: tuple[int, ...] | None = None
-    mode: str | None = None  # None: the target's own (train for models)
+    mode: str | None = None  # None: each case's own (train for models)
 
 
 def _models():
@@ -34,40 +56,41 @@ def _suites():
     return SUITES
 
 
-def _dtypes(request: Request, default: str) -> list[str]:
-    if request.dtype == "both":
-        return ["float32", "float64"]
-    return [request.dtype or default]
-
-
-def resolve(names: list[str], request: Request) -> list[Case]:
+def resolve(names: list[str], request: Request | None = None) -> list[Case]:
+    """The cases of every target, in order, each distinct case once."""
+    request = request or Request()
     cases: list[Case] = []
+    origin: dict[str, tuple[Case, str]] = {}
     for name in names:
-        cases.extend(_resolve_one(name, request))
-    seen = set()
-    for case in cases:
-        if case.name in seen:
-            raise TargetError(f"two cases are named {case.name!r}; give each case a unique name")
-        seen.add(case.name)
+        for case in _resolve_one(name, request):
+            seen = origin.get(case.name)
+            if seen is None:
+                origin[case.name] = (case, name)
+                cases.append(case)
+            elif not same_case(seen[0], case):
+                where = f"target {name!r}" if seen[1] == name else f"targets {seen[1]!r} and {name!r}"
+                raise TargetError(f"two different cases are named {case.name!r} (from {where}); "
+                                  "give each case a unique name")
     return cases
 
 
 def _resolve_one(name: str, request: Request) -> list[Case]:
     if ":" in name:
-        return _retype(_user_cases(name, request), request)
+        return _apply(_call(load_function(name), name, request), request)
     models = _models()
     if name in models:
         spec = models[name]
-        return [spec.case(seed=request.seed, dtype=dt, mode=request.mode or "train", batch=request.batch,
-                          input_shape=request.input_shape) for dt in _dtypes(request, "float32")]
+        case = spec.case(seed=request.seed or 0, dtype=request.dtype or "float32", mode=request.mode or "train",
+                         batch=request.batch, input_shape=request.input_shape)
+        return _apply([case], request)
     if request.batch is not None or request.input_shape is not None:
         raise TargetError(f"--batch and --input-shape apply to model targets; {name!r} is not a model")
     suites = _suites()
     if name in suites:
-        return _retype(_with_mode(suites[name](seed=request.seed), request), request)
-    layer_cases = [c for c in suites["layers"](seed=request.seed) if _layer_of(c) == name]
+        return _apply(_call(suites[name], name, request), request)
+    layer_cases = [c for c in _call(suites["layers"], "layers", request) if _layer_of(c) == name]
     if layer_cases:
-        return _retype(_with_mode(layer_cases, request), request)
+        return _apply(layer_cases, request)
     known = list(models) + list(suites) + layer_names()
     hint = difflib.get_close_matches(name, known, n=3)
     raise TargetError(
@@ -77,51 +100,156 @@ def _resolve_one(name: str, request: Request) -> list[Case]:
     )
 
 
-def _with_mode(cases, request):
-    return [c.with_(mode=request.mode) if request.mode else c for c in cases]
-
-
-def _retype(cases: list[Case], request: Request) -> list[Case]:
-    """Apply an explicit --dtype: one dtype casts every case; ``both`` doubles them."""
-    if request.dtype is None:
-        return cases
-    if request.dtype != "both":
-        return [c if c.dtype == request.dtype else c.with_(dtype=request.dtype) for c in cases]
-    out, seen = [], {c.name for c in cases}
-    for c in cases:
-        for dt in ("float32", "float64"):
-            stem = c.name[: -len(c.dtype) - 1] if c.name.endswith("-" + c.dtype) else c.name
-            name = f"{stem}-{dt}"
-            if name in seen and name != c.name:
-                continue  # the suite already has this case in that dtype
-            out.append(c.with_(dtype=dt, name=name))
-    return list({c.name: c for c in out}.values())
+def _apply(cases: list[Case], request: Request) -> list[Case]:
+    """An explicit seed, dtype and mode on every case; names unchanged."""
+    changes = {k: v for k, v in (("seed", request.seed), ("dtype", request.dtype), ("mode", request.mode))
+               if v is not None}
+    return [c.with_(**changes) if changes else c for c in cases]
 
 
 def _layer_of(case: Case) -> str:
     return case.model or case.name.split("[")[0].split("-")[0]
 
 
-def _user_cases(target: str, request: Request) -> list[Case]:
+# ---------------------------------------------------------------- package.module:function
+def load_function(target: str):
+    """The object ``package.module:attr`` names, importing from the current folder too."""
     module_name, _, attr = target.partition(":")
+    if not module_name or not attr or not all(p.isidentifier() for p in module_name.split(".")) \
+            or not attr.isidentifier():
+        raise TargetError(f"target {target!r}: expected package.module:function, e.g. mylib.checks:cases")
+    # pytest (rootdir) and `python -m` put the current folder first on the import path; the
+    # `gradcheck` console script does not, and a module next to the user must import all the same.
+    here = os.getcwd()
+    if here not in sys.path and "" not in sys.path:
+        sys.path.insert(0, here)
     try:
         module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise TargetError(f"target {target!r}: cannot import module {module_name!r} ({exc}); "
-                          "is it on sys.path (run from your project root, or pip install it)?") from exc
-    fn = getattr(module, attr, None)
-    if fn is None:
-        raise TargetError(f"target {target!r}: module {module_name!r} has no attribute {attr!r}")
-    made = fn() if callable(fn) else fn
+    except ModuleNotFoundError as exc:
+        if exc.name and (module_name == exc.name or module_name.startswith(exc.name + ".")):
+            raise TargetError(f"target {target!r}: no module named {exc.name!r} in {here} or on the import path; "
+                              "run from the folder that holds it, or pip install its package") from None
+        raise TargetError(f"target {target!r}: importing {module_name!r} failed: {_one_line(exc)}") from None
+    except BaseException as exc:  # a syntax error, or the module's own code raising
+        if isinstance(exc, KeyboardInterrupt):
+            raise
+        raise TargetError(f"target {target!r}: importing {module_name!r} failed: {_one_line(exc)}") from None
+    try:
+        return getattr(module, attr)
+    except AttributeError:
+        public = [n for n in dir(module) if not n.startswith("_") and callable(getattr(module, n, None))]
+        hint = difflib.get_close_matches(attr, public, n=3)
+        raise TargetError(f"target {target!r}: module {module_name!r} has no attribute {attr!r}"
+                          + (f" (did you mean {', '.join(hint)}?)" if hint else "")) from None
+
+
+def _one_line(exc: BaseException) -> str:
+    """``Type: message (file:line)`` of where the error happened in the user's code."""
+    if isinstance(exc, SyntaxError):
+        return f"SyntaxError: {exc.msg} ({exc.filename}:{exc.lineno})"
+    frames = traceback.extract_tb(exc.__traceback__)
+    where = f" ({frames[-1].filename}:{frames[-1].lineno})" if frames else ""
+    return f"{type(exc).__name__}: {exc}{where}"
+
+
+def _call(fn, target: str, request: Request) -> list[Case]:
+    """Call a target function with the keywords it accepts; check that it gave cases."""
+    attr = target.rpartition(":")[2] or target
+    if isinstance(fn, Case):
+        made = fn
+    elif callable(fn):
+        try:
+            params = inspect.signature(fn).parameters
+        except (TypeError, ValueError):
+            params = {}
+        wide = any(p.kind is p.VAR_KEYWORD for p in params.values())
+        needs = [n for n, p in params.items() if p.default is p.empty and p.kind in (p.POSITIONAL_ONLY,
+                 p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and n not in ("seed", "dtype")]
+        if needs:
+            raise TargetError(f"target {target!r}: {attr}() needs argument(s) {', '.join(needs)}; a target "
+                              "function is called with no arguments (or only seed=, dtype=)")
+        # A built-in suite draws its configurations from the seed (fuzz) and takes the dtype; the
+        # dtype is set on every case afterwards all the same, for functions that do not take it.
+        kwargs = {k: v for k, v in (("seed", request.seed if request.seed is not None else 0),
+                                    ("dtype", request.dtype)) if wide or k in params}
+        try:
+            made = fn(**kwargs)
+        except Exception as exc:
+            raise TargetError(f"target {target!r}: {attr}() raised {_one_line(exc)}") from None
+    else:
+        made = fn
     cases = [made] if isinstance(made, Case) else made
     if not isinstance(cases, (list, tuple)) or not cases or not all(isinstance(c, Case) for c in cases):
         raise TargetError(
-            f"target {target!r}: {attr}() returned {type(made).__name__}; it must return a "
-            "gradcheck.case.Case or a non-empty list of them"
+            f"target {target!r}: {attr} gave {type(made).__name__}"
+            + (" (empty)" if isinstance(made, (list, tuple)) and not made else "")
+            + "; it must be (or return) a gradcheck.case.Case or a non-empty list of them"
         )
-    return [c.with_(seed=request.seed) if request.seed else c for c in cases]
+    return list(cases)
 
 
+# ---------------------------------------------------------------- one case from two targets
+def same_case(a: Case, b: Case) -> bool:
+    """Whether two cases check the same thing: same settings, and builders that build the same.
+
+    Suites build their cases afresh on each call, so the builders are new
+    closures every time; they are the same when their code and everything
+    they close over are (``make(L.Linear, 4, 3)`` twice is one builder).
+    Tags and notes only label a case.
+    """
+    fields = ("name", "dtype", "mode", "seed", "model", "rtol", "atol")
+    return all(getattr(a, f) == getattr(b, f) for f in fields) and all(
+        _same(getattr(a, f), getattr(b, f)) for f in ("build", "inputs", "forward"))
+
+
+def _same(a, b, depth: int = 0) -> bool:
+    if a is b:
+        return True
+    if depth > 12 or type(a) is not type(b):
+        return False
+    if inspect.isfunction(a):
+        return (a.__code__ == b.__code__ and a.__qualname__ == b.__qualname__ and a.__module__ == b.__module__
+                and _same(a.__defaults__, b.__defaults__, depth + 1)
+                and _same(a.__kwdefaults__, b.__kwdefaults__, depth + 1)
+                and _same(tuple(c.cell_contents for c in a.__closure__ or ()),
+                          tuple(c.cell_contents for c in b.__closure__ or ()), depth + 1))
+    if inspect.ismethod(a):
+        return _same(a.__func__, b.__func__, depth + 1) and _same(a.__self__, b.__self__, depth + 1)
+    if isinstance(a, (list, tuple)):
+        return len(a) == len(b) and all(_same(x, y, depth + 1) for x, y in zip(a, b))
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(_same(a[k], b[k], depth + 1) for k in a)
+    if isinstance(a, np.ndarray):
+        return a.dtype == b.dtype and a.shape == b.shape and bool(np.array_equal(a, b))
+    try:
+        return bool(a == b)
+    except Exception:  # an object whose == is not a truth value
+        return False
+
+
+def replay(names: list[str], settings):
+    """case -> the ``gradcheck run`` command that re-runs it alone with the settings that were given.
+
+    Only settings some layer set are spelled out; ``[tool.gradcheck]`` is
+    read again by the command itself.
+    """
+    import shlex
+
+    base = "gradcheck run " + " ".join(shlex.quote(n) for n in names)
+    if settings.seed is not None:
+        base += f" --seed {settings.seed}"
+    for key in ("backends", "mode", "referee", "imprecise"):
+        value = getattr(settings, key)
+        if value is not None:
+            base += f" --{key} {shlex.quote(value if isinstance(value, str) else ','.join(value))}"
+
+    def command(case) -> str:
+        return f"{base} --dtype {case.dtype} -k {shlex.quote(case.name)}"
+
+    return command
+
+
+# ---------------------------------------------------------------- selection and listings
 def select(cases: list[Case], keyword: str | None = None, shard: tuple[int, int] | None = None) -> list[Case]:
     """``-k`` keeps names containing ``keyword`` (case-insensitive); ``--shard I/N`` every N-th from I."""
     if keyword:

@@ -201,6 +201,68 @@ def _(d):
     return (lambda x: ops.pow(base, x)), (d.normal(d.shape(min_dims=0)),)
 
 
+# ---------------------------------------------------------------- integer constants
+# numpy computes float32 with an int64 array (or an np.int64 scalar) in float64; torch and jax
+# stay in float32.  The float32 half of these rows (_check_float32) is what they are for.
+def _integer_constant(op, lo=-3, hi=4, nonzero=False, domain="normal"):
+    fn = getattr(ops, op)
+
+    def build(d: Draw):
+        sx, sk = _broadcast_pair(d)
+        k = d.rng.integers(lo, hi, size=sk)
+        if nonzero:
+            k = np.where(k == 0, 1, k)
+        if d(st.booleans(), "np.int64 scalar"):
+            k = np.int64(k.flat[0]) if np.ndim(k) else np.int64(k)
+        left = d(st.booleans(), "constant on the left")
+        return ((lambda x: fn(k, x)) if left else (lambda x: fn(x, k))), (getattr(d, domain)(sx),)
+
+    return build
+
+
+ROWS += [
+    Row("add", "add an integer numpy constant", _integer_constant("add")),
+    Row("sub", "sub an integer numpy constant", _integer_constant("sub")),
+    Row("mul", "mul by an integer numpy constant", _integer_constant("mul", nonzero=True)),
+    Row("div", "div by / of an integer numpy constant", _integer_constant("div", nonzero=True, domain="away")),
+    # Non-positive integers against positive values: x wins everywhere, no tie, not flat.
+    Row("maximum", "maximum with an integer numpy constant (no ties)",
+        _integer_constant("maximum", lo=-3, hi=1, domain="positive")),
+]
+
+
+@row("pow", "pow with an integer numpy exponent")
+def _(d):
+    shape = d.shape(min_dims=0)
+    k = d.rng.integers(1, 4, size=shape)
+    return (lambda x: ops.pow(x, k)), (d.positive(shape),)
+
+
+@row("where", "where with an integer numpy branch")
+def _(d):
+    shape = d.shape()
+    mask, k = d.rng.random(shape) < 0.5, d.rng.integers(-3, 4, size=shape)
+    mask.reshape(-1)[0] = True  # x reaches the output somewhere
+    return (lambda x: ops.where(mask, x, k)), (d.normal(shape),)
+
+
+@row("matmul", "matmul by an integer numpy matrix")
+def _(d):
+    n, k, m = (d.int(1, 4, name) for name in "nkm")
+    w = d.rng.choice([-3, -2, -1, 1, 2, 3], size=(k, m))
+    return (lambda x: ops.matmul(x, w)), (d.normal((n, k)),)
+
+
+@row("asarray", "asarray of a tensor keeps its gradient (like=)")
+def _(d):
+    return (lambda x: ops.mul(ops.asarray(x, like=x), x)), (d.normal(d.shape()),)
+
+
+@row("asarray", "asarray of a tensor to another dtype keeps its gradient (dtype=)", float32=False)
+def _(d):
+    return (lambda x: ops.asarray(x, dtype=np.float64)), (d.normal(d.shape()),)
+
+
 def _minmax(op):
     fn = getattr(ops, op)
 
@@ -576,6 +638,114 @@ def _(d):
     return (lambda x: ops.adaptive_avg_pool2d(x, out)), (d.normal((d.int(1, 2, "n"), d.int(1, 2, "c"), h, w)),)
 
 
+# ---------------------------------------------------------------- framework kernels (derived on the tape)
+@row("linear", "linear (bias or not)")
+def _(d):
+    n, i, o = (d.int(1, 4, name) for name in ("n", "in", "out"))
+    args = (d.normal((n, i)), d.normal((o, i))) + ((d.normal((o,)),) if d(st.booleans(), "bias") else ())
+    return ops.linear, args
+
+
+@row("batch_norm", "batch_norm (train with batch statistics; eval with running ones)")
+def _(d):
+    shape = (d.int(2, 3, "n"), d.int(1, 3, "c"), d.int(1, 3, "l"))
+    training = d(st.booleans(), "training")
+    c = shape[1]
+
+    # y only: the updated running statistics are buffers, which carry no gradient (as in torch).
+    def f(x, running_mean, running_var, weight, bias):
+        return ops.batch_norm(x, running_mean, running_var, weight, bias, training=training, momentum=0.1)[0]
+
+    return f, (d.distinct(shape, spacing=0.3), d.normal((c,)), d.positive((c,)), d.positive((c,)), d.normal((c,)))
+
+
+@row("layer_norm", "layer_norm (trailing dims, affine or not)")
+def _(d):
+    # Three values at least per normalised group: two normalise to +-1 whatever they are, a function so flat
+    # that its second-order finite differences are rounding alone.
+    shape = d.shape(min_dims=2, max_dims=3, min_side=3)
+    k = d.int(1, len(shape) - 1, "normalised dims")
+    normalized = shape[len(shape) - k:]
+    affine = d(st.booleans(), "affine")
+    args = (d.distinct(shape, spacing=0.3),) + ((d.positive(normalized), d.normal(normalized)) if affine else ())
+    return (lambda x, *wb: ops.layer_norm(x, normalized, *wb)), args
+
+
+@row("group_norm", "group_norm (2 groups, affine)")
+def _(d):
+    shape = (d.int(1, 2, "n"), 4, d.int(2, 3, "l"))
+    return (lambda x, w, b: ops.group_norm(x, 2, w, b)), (d.distinct(shape, spacing=0.3), d.positive((4,)),
+                                                          d.normal((4,)))
+
+
+@row("rms_norm", "rms_norm (weight or not)")
+def _(d):
+    shape = d.shape(min_dims=1, max_dims=3, min_side=2)
+    args = (d.normal(shape),) + ((d.positive(shape[-1:]),) if d(st.booleans(), "weight") else ())
+    return (lambda x, *w: ops.rms_norm(x, shape[-1:], *w, eps=1e-5)), args
+
+
+@row("scaled_dot_product_attention", "scaled_dot_product_attention (causal, float mask, plain)")
+def _(d):
+    b, n, e = d.int(1, 2, "batch"), d.int(1, 3, "length"), d.int(1, 3, "embedding")
+    kind = d.pick(["plain", "causal", "float mask"], "mask")
+    mask = d.normal((n, n)) if kind == "float mask" else None
+    return ((lambda q, k, v: ops.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=kind == "causal")),
+            (d.normal((b, n, e)), d.normal((b, n, e)), d.normal((b, n, e))))
+
+
+@row("embedding", "embedding (repeated ids, padding_idx or not)")
+def _(d):
+    num, dim = d.int(2, 5, "num"), d.int(1, 3, "dim")
+    ids = d.rng.integers(0, num, size=(d.int(1, 3, "n"), d.int(1, 3, "l")))
+    ids.reshape(-1)[0] = num - 1  # one id that is not the padding row, so the output is not flat
+    padding = d.pick([None, 0], "padding_idx")
+    return (lambda w: ops.embedding(ids, w, padding_idx=padding)), (d.normal((num, dim)),)
+
+
+def _class_targets(d, n, c):
+    return d.rng.integers(0, c, size=(n,))
+
+
+@row("cross_entropy", "cross_entropy (class ids or probabilities, class weight, reduction)")
+def _(d):
+    n, c = d.int(1, 4, "n"), d.int(2, 4, "classes")
+    reduction = d.pick(["mean", "sum", "none"], "reduction")
+    if d(st.booleans(), "probability targets"):
+        p = d.positive((n, c))
+        return (lambda x, t: ops.cross_entropy(x, t, reduction=reduction)), (d.normal((n, c)), p / p.sum(1, keepdims=True))
+    weight = d.positive((c,)) if d(st.booleans(), "class weight") else None
+    target = _class_targets(d, n, c)
+    return (lambda x: ops.cross_entropy(x, target, weight=weight, reduction=reduction)), (d.normal((n, c)),)
+
+
+@row("nll_loss", "nll_loss (class weight, reduction)")
+def _(d):
+    n, c = d.int(1, 4, "n"), d.int(2, 4, "classes")
+    reduction = d.pick(["mean", "sum", "none"], "reduction")
+    weight = d.positive((c,)) if d(st.booleans(), "class weight") else None
+    target = _class_targets(d, n, c)
+    return (lambda x: ops.nll_loss(x, target, weight=weight, reduction=reduction)), (d.normal((n, c)),)
+
+
+@row("mse_loss", "mse_loss (reduction)")
+def _(d):
+    shape = d.shape()
+    reduction = d.pick(["mean", "sum", "none"], "reduction")
+    return (lambda x, t: ops.mse_loss(x, t, reduction=reduction)), (d.normal(shape), d.normal(shape))
+
+
+@row("binary_cross_entropy_with_logits", "binary_cross_entropy_with_logits (weight, pos_weight, reduction)")
+def _(d):
+    shape = d.shape()
+    reduction = d.pick(["mean", "sum", "none"], "reduction")
+    weight = d.positive(shape) if d(st.booleans(), "weight") else None
+    pos_weight = d.positive(shape[-1:]) if d(st.booleans(), "pos_weight") else None
+    f = (lambda x, t: ops.binary_cross_entropy_with_logits(x, t, weight=weight, reduction=reduction,
+                                                           pos_weight=pos_weight))
+    return f, (d.normal(shape), d.rng.uniform(0.0, 1.0, shape))
+
+
 # ---------------------------------------------------------------- the tests
 def test_every_op_has_a_row():
     covered = {r.op for r in ROWS}
@@ -670,6 +840,60 @@ def test_tie_and_kink_conventions():
     # max-pool: the first maximum of each window, as torch.
     x = np.array([[[[2.0, 2.0], [1.0, 2.0]]]])
     np.testing.assert_array_equal(_grad(lambda x: ops.max_pool2d(x, 2), x)[0], [[[[1.0, 0.0], [0.0, 0.0]]]])
+
+
+# ---------------------------------------------------------------- empty axes
+# torch and jax: a softmax over an empty axis is empty, a logsumexp over one is -inf (the log of
+# an empty sum), and the gradients are empty too.
+@pytest.mark.parametrize("shape, axis", [((3, 0), -1), ((0, 3), 0), ((2, 0, 3), 1), ((3, 0), None)])
+def test_softmax_family_over_an_empty_axis_gives_what_torch_and_jax_give(shape, axis):
+    for value in (np.zeros(shape, np.float32), Tensor(np.zeros(shape, np.float32), requires_grad=True)):
+        lse = ops.logsumexp(value, axis=axis)
+        kept = () if axis is None else tuple(s for i, s in enumerate(shape) if i != axis % len(shape))
+        np.testing.assert_array_equal(tape.raw(lse), np.full(kept, -np.inf, np.float32))
+        assert ops.dtype_of(lse) == np.float32
+        for op in (ops.softmax, ops.log_softmax):
+            y = op(value, axis=-1 if axis is None else axis)
+            assert ops.shape_of(y) == shape and ops.dtype_of(y) == np.float32
+    x = Tensor(np.zeros(shape, np.float32), requires_grad=True)
+    (g,) = tape.grad(ops.sum(ops.log_softmax(x, axis=-1 if axis is None else axis)), [x])
+    assert g.shape == shape and g.dtype == np.float32
+
+
+# ---------------------------------------------------------------- integer constants and inputs
+def test_integer_constants_keep_float32_tensors_in_float32():
+    x = Tensor(np.array([[0.5, -1.25, 2.0]], np.float32), requires_grad=True)
+    w = Tensor(np.ones((3, 2), np.float32), requires_grad=True)
+    ints, scalar = np.array([1, 2, 3]), np.int64(3)
+    for y in (ops.mul(x, ints), ops.add(scalar, x), ops.div(x, ints), ops.pow(x, np.array([0, 1, 2])),
+              ops.sub(ints, x), ops.maximum(x, np.int64(0)), ops.where(ints > 1, x, ints),
+              ops.matmul(np.array([[1, 2, 3]]), w)):
+        assert y.dtype == np.float32
+        grads = tape.grad(ops.sum(ops.mul(y, y)), [x, w])
+        assert [g.dtype for g in grads] == [np.float32, np.float32]
+
+
+def test_an_integer_input_to_a_float32_model_stays_float32_on_the_tape():
+    import gradcheck
+    import gradcheck.layers as L
+
+    model = L.Dense(3, 2, rng=0)
+    x, k = np.ones((2, 3), np.float32), np.array([[1, 2], [3, 4]])
+    value, (_, gx, gk) = gradcheck.withgradient(lambda m, x, k: ops.sum(m(x) * k), model, x, k)
+    assert value.dtype == np.float32 and gx.dtype == np.float32 and gk is None
+
+
+def test_an_integer_input_does_not_blame_the_tape_for_numpys_promotion():
+    pytest.importorskip("torch")
+    import gradcheck.layers as L
+    from gradcheck.case import Case
+    from gradcheck.runner import RunOptions, run_case
+
+    case = Case("int input", lambda rng: L.Dense(3, 2, rng=rng),
+                lambda rng: (rng.standard_normal((2, 3)), rng.integers(1, 4, size=(2, 2))),
+                forward=lambda m, x, k: m(x) * k)
+    result = run_case(case, RunOptions(backends=("tape", "torch"), repeat=False))
+    assert result.verdict == "agree", [(leaf.path, leaf.verdict, leaf.message) for leaf in result.leaves]
 
 
 # ---------------------------------------------------------------- integer and bool arrays

@@ -30,11 +30,22 @@ def to_numpy(x):
 
 def asarray(value, like=None, dtype=None):
     value = np.asarray(value)
-    if dtype is None and like is not None and value.dtype.kind == "f":
-        like_dtype = np.asarray(like).dtype if not hasattr(like, "dtype") else np.dtype(like.dtype)
-        if like_dtype.kind == "f":  # a float constant next to an int array keeps its own dtype
-            dtype = like_dtype
+    dtype = asarray_dtype(value, like, dtype)
     return value.astype(dtype, copy=False) if dtype is not None else value
+
+
+def asarray_dtype(value, like=None, dtype=None):
+    """The dtype ``asarray`` casts ``value`` to, or None to keep its own.
+
+    ``dtype`` if given; else a float value takes ``like``'s float dtype (a
+    float constant next to an int array keeps its own).
+    """
+    if dtype is not None:
+        return np.dtype(dtype)
+    if like is None or np.result_type(value).kind != "f":
+        return None
+    like_dtype = np.asarray(like).dtype if not hasattr(like, "dtype") else np.dtype(like.dtype)
+    return like_dtype if like_dtype.kind == "f" else None
 
 
 def astype(x, dtype):
@@ -49,15 +60,43 @@ def stop_gradient(x):
     return x
 
 
-add, sub, mul, div = np.add, np.subtract, np.multiply, np.true_divide
-neg, maximum, minimum, where = np.negative, np.maximum, np.minimum, np.where
+def floats_win(a, b):
+    """``a, b`` with an integer or bool array operand cast to the other operand's float dtype.
+
+    numpy computes float32 with int64 (an array, or an ``np.int64`` scalar
+    since NEP 50) in float64; torch and jax compute it in float32.  The tape
+    runs on these functions, so without this a float32 model fed integer
+    inputs or constants would silently compute, and be compared, in float64.
+    Python ints and floats are already "weak" in numpy and need nothing.
+    """
+    da, db = getattr(a, "dtype", None), getattr(b, "dtype", None)
+    if da is None or db is None or da == db:
+        return a, b
+    if da.kind == "f" and db.kind in "biu":
+        return a, np.asarray(b, dtype=da)
+    if db.kind == "f" and da.kind in "biu":
+        return np.asarray(a, dtype=db), b
+    return a, b
+
+
+def _binary(ufunc):
+    def run(a, b):
+        return ufunc(*floats_win(a, b))
+
+    run.__name__ = ufunc.__name__
+    return run
+
+
+add, sub, mul, div = _binary(np.add), _binary(np.subtract), _binary(np.multiply), _binary(np.true_divide)
+maximum, minimum, pow = _binary(np.maximum), _binary(np.minimum), _binary(np.power)
+neg = np.negative
 exp, expm1, log, log1p, sqrt = np.exp, np.expm1, np.log, np.log1p, np.sqrt
 abs, sin, cos, tanh = np.abs, np.sin, np.cos, np.tanh
 greater, less, equal = np.greater, np.less, np.equal
 
 
-def pow(a, b):
-    return np.power(a, b)
+def where(condition, a, b):
+    return np.where(condition, *floats_win(a, b))
 
 
 def erf(x):
@@ -81,7 +120,7 @@ def softplus(x):
 
 def matmul(a, b):
     check_matmul(np.shape(a), np.shape(b))
-    return np.matmul(a, b)
+    return np.matmul(*floats_win(a, b))
 
 
 def check_matmul(a_shape, b_shape):
@@ -122,16 +161,28 @@ def min(x, axis=None, keepdims=False):
     return np.min(x, axis=_axis(axis), keepdims=keepdims)
 
 
+def _shift(x, axis):
+    """The max over ``axis`` (kept), the usual shift for exp; -inf over an empty axis.
+
+    An empty axis has no maximum; torch and jax give what the formulas give
+    then: an empty softmax and a logsumexp of -inf (the log of an empty sum).
+    """
+    if np.size(x):
+        return np.max(x, axis=axis, keepdims=True)
+    return np.max(x, axis=axis, keepdims=True, initial=-np.inf)
+
+
 def logsumexp(x, axis=None, keepdims=False):
     axis = _axis(axis)
-    m = np.max(x, axis=axis, keepdims=True)
+    m = _shift(x, axis)
     m = np.where(np.isfinite(m), m, 0)
-    out = np.log(np.sum(np.exp(x - m), axis=axis, keepdims=True)) + m
+    with np.errstate(divide="ignore"):  # log(0) = -inf is the answer over an empty axis
+        out = np.log(np.sum(np.exp(x - m), axis=axis, keepdims=True)) + m
     return out if keepdims else np.squeeze(out, axis=axis)
 
 
 def softmax(x, axis=-1):
-    e = np.exp(x - np.max(x, axis=axis, keepdims=True))
+    e = np.exp(x - _shift(x, axis))
     return e / np.sum(e, axis=axis, keepdims=True)
 
 

@@ -62,6 +62,11 @@ def to_numpy(x):
 
 
 def asarray(value, like=None, dtype=None):
+    if isinstance(value, Tensor):
+        # A tensor stays on the tape, as torch.as_tensor and jnp.asarray keep theirs: a cast
+        # (to ``dtype``, or a float to ``like``'s float dtype) is the differentiable astype.
+        target = npo.asarray_dtype(value.value, raw(like) if like is not None else None, dtype)
+        return value if target is None or target == value.dtype else astype(value, target)
     return npo.asarray(raw(value), like=raw(like) if like is not None else None, dtype=dtype)
 
 

@@ -1,0 +1,7 @@
+"""``python -m gradcheck``: the ``gradcheck`` command, for an environment whose scripts are not on PATH."""
+
+import sys
+
+from gradcheck.cli import main
+
+sys.exit(main())
