@@ -18,11 +18,12 @@ SCHEMA = "gradcheck.results/2"
 # Verdicts, worst first: a case takes the worst verdict among its leaves.
 # "imprecise" (float32 too far from float64, see Float32Result) decides a case only under
 # RunOptions.imprecise == "fail"; by default it is a warning beside an agreeing verdict.
-VERDICTS = ("error", "structural", "nonfinite", "disagree", "imprecise", "vacuous", "skipped", "agree")
-FAILING = ("error", "structural", "nonfinite", "disagree", "imprecise", "vacuous")
+VERDICTS = ("error", "structural", "nonfinite", "nondeterministic", "disagree", "imprecise", "vacuous", "skipped",
+            "agree")
+FAILING = ("error", "structural", "nonfinite", "nondeterministic", "disagree", "imprecise", "vacuous")
 # A leaf fails on these; a vacuous leaf checks nothing but is no failure of its own (a case fails as
 # vacuous only when every gradient leaf is).  Every renderer and assert_gradients_agree use this rule.
-FAILING_LEAF = ("error", "structural", "nonfinite", "disagree", "imprecise")
+FAILING_LEAF = ("error", "structural", "nonfinite", "nondeterministic", "disagree", "imprecise")
 PASSING = ("agree", "skipped")
 PASSING_LEAF = ("agree", "skipped", "vacuous")
 # Float32Result.verdict values, worst first.
@@ -160,6 +161,8 @@ class LeafResult:
     norms: dict[str, float] = field(default_factory=dict)  # backend -> ||grad||
     float32: Float32Result | None = None  # the float32 part (None: the case ran float64 only)
     inherited: bool = False  # disagrees only because a layer after it in forward order is wrong (see Origin)
+    # backend -> max |a - b| / max |a| between two float64 calls on the same inputs, where they differ at all
+    nondeterministic: dict[str, float] = field(default_factory=dict)
 
     @property
     def headroom(self) -> float:

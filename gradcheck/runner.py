@@ -63,7 +63,9 @@ class RunOptions:
     referee: str = "auto"  # "leaves" (every leaf), "auto", "joint", "off"
     # auto: check every leaf when that is estimated to cost less than this (gradcheck.cost: counted, not timed)
     referee_budget_s: float = 20.0
-    repeat: bool = True  # time a second float32 call of each backend that compiles (its first includes compiling)
+    # Call each backend a second time in float64 on the same inputs (results that differ are nondeterministic),
+    # and a second float32 call of each backend that compiles (its first call includes compiling).
+    repeat: bool = True
     imprecise: str = "warn"  # whether a float32 result too far from float64 fails the case ("fail") or warns
     replay: Callable[[Case], str] | None = None  # command line that re-runs one case
 
@@ -145,6 +147,7 @@ class BackendRun:
     """One backend's answers for a case: float64 (decides) and float32 (measured; None for float64-only cases)."""
 
     ev64: object
+    ev64_again: object = None  # a second float64 call on the same inputs (nondeterminism), when repeated
     ev32: object = None
     crossed: list[int] = field(default_factory=list)  # per recorded kink call: elements the float32 run crossed
 
@@ -204,12 +207,18 @@ def _run_backends(cr: CaseRun, options: RunOptions, res: CaseResult) -> dict[str
             res.errors[name] = short_error(exc)
             continue
         runs[name] = run
+        if options.repeat:
+            try:
+                t0 = time.perf_counter()
+                run.ev64_again = driver.evaluate(f64, cr.args64, cr.prefixes)
+                again_s = time.perf_counter() - t0
+            except Exception as exc:
+                res.errors[name] = "a second float64 call failed where the first did not: " + short_error(exc)
+                del runs[name]
+                continue
         if cr.args32 is None:  # a float64-only case: its float64 calls are the ones timed
             timing.first = timing.float64
-            if options.repeat and driver.compiles:
-                t0 = time.perf_counter()
-                driver.evaluate(f64, cr.args64, cr.prefixes)
-                timing.second = time.perf_counter() - t0
+            timing.second = again_s if options.repeat and driver.compiles else None
             continue
         try:
             t0 = time.perf_counter()
@@ -250,6 +259,8 @@ def _compare(cr: CaseRun, runs: dict[str, BackendRun], options: RunOptions, res:
     def judge(path, role, get, layer="", expect_array=True, scale=0.0):
         leaf = compare_leaf(path, role, {b: get(r.ev64) for b, r in runs.items()}, dtype="float64", rules=rules,
                             layer=layer, expect_array=expect_array, case_scale=scale)
+        leaf.nondeterministic = {b: d for b, r in runs.items() if r.ev64_again is not None
+                                 and (d := _spread(get(r.ev64), get(r.ev64_again)))}
         if measured and expect_array and leaf.verdict in ("agree", "disagree"):
             tol = rules.resolve(path, "float32", layer)
             leaf.float32 = verdict.float32_part({b: get(r.ev32) if r.ev32 is not None else MISSING
@@ -294,6 +305,7 @@ def _compare(cr: CaseRun, runs: dict[str, BackendRun], options: RunOptions, res:
     for leaf in res.leaves:
         if leaf.role != "referee":
             verdict.decide(leaf, names, checks.get(leaf.path))
+            verdict.nondeterminism(leaf, rules.resolve(leaf.path, "float64", leaf.layer).rtol)
             verdict.apply_policy(leaf, options.imprecise)
     # Compared means held against something: another backend, or the referee.  One backend alone with the
     # referee off compares nothing, and nothing compared is never a pass.
@@ -304,6 +316,18 @@ def _compare(cr: CaseRun, runs: dict[str, BackendRun], options: RunOptions, res:
         res.kinks = cr.kinks.reports({b: r.crossed for b, r in runs.items()})
     if not grad_leaves:
         res.notes.append("no trainable leaf: only forward values were compared")
+
+
+def _spread(a, b) -> float:
+    """``max |a - b| / max |a|`` of two calls' results (0 when identical or not comparable)."""
+    if a is None or b is None or a is MISSING or b is MISSING:
+        return 0.0
+    a, b = np.asarray(a), np.asarray(b)
+    if a.shape != b.shape or a.dtype.kind not in "fc" or np.array_equal(a, b, equal_nan=True):
+        return 0.0
+    scale = float(np.max(np.abs(a), initial=0.0))
+    diff = float(np.max(np.abs(a - b), initial=0.0))
+    return diff / scale if scale > 0 else float("inf")
 
 
 def _case_scale(grad_leaves) -> float:

@@ -135,6 +135,18 @@ def _and(items) -> str:
     return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
 
 
+def nondeterminism(leaf: LeafResult, rtol: float) -> None:
+    """A backend whose two float64 calls on the same inputs differ beyond the float64 tolerance is at fault
+    for that, not the others: the leaf is ``nondeterministic`` and blames it alone.  Smaller spreads (an
+    atomic add's reordering) stay recorded on the leaf."""
+    wild = sorted((b for b, d in leaf.nondeterministic.items() if d > rtol), key=order)
+    if not wild or leaf.verdict in ("structural", "nonfinite"):
+        return
+    leaf.verdict, leaf.blame = "nondeterministic", wild
+    leaf.message = "; ".join(f"{b} gives different results on two calls with the same inputs (spread "
+                             f"{leaf.nondeterministic[b]:.3g} of the leaf's largest value)" for b in wild)
+
+
 # ---------------------------------------------------------------- float32: measured against float64
 def rel_error(a, b) -> float | None:
     """``||a - b|| / ||b||`` in float64, or None when it is undefined (missing, shape, non-finite, ||b|| = 0)."""

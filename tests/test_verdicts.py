@@ -225,3 +225,31 @@ def test_a_max_pool_tie_in_float32_only_takes_the_float64_maximum():
     assert max(leaf(r, "weight").float32.errors.values()) < 1e-6
     [kink] = [k for k in r.kinks if k.op == "max_pool2d"]
     assert kink.near == 1
+
+
+# ---------------------------------------------------------------- nondeterminism
+def test_a_nondeterministic_backend_is_reported_as_such_and_nobody_else_is_blamed(monkeypatch):
+    from gradcheck.backends import get_backend
+
+    driver = get_backend("torch")
+    original = driver.evaluate
+    calls = []
+
+    def jittery(f, args, prefixes=None):  # a test double: each call's bias gradient is off by another 1e-3
+        ev = original(f, args, prefixes)
+        calls.append(1)
+        ev.grads["0.bias"] = ev.grads["0.bias"] * (1 + 1e-3 * len(calls))
+        return ev
+
+    monkeypatch.setattr(driver, "evaluate", jittery)
+    r = run_case(CONV_CASE, RunOptions(backends=ALL))
+    bias = leaf(r, "0.bias")
+    assert bias.verdict == "nondeterministic" and bias.blame == ["torch"], (bias.verdict, bias.blame, bias.message)
+    assert set(bias.nondeterministic) == {"torch"} and 5e-4 < bias.nondeterministic["torch"] < 5e-3
+    assert "two calls with the same inputs" in bias.message
+    assert all(x.blame in ([], ["torch"]) for x in r.leaves)
+
+
+def test_deterministic_backends_record_no_spread():
+    r = run_case(CONV_CASE, RunOptions(backends=ALL))
+    assert all(not x.nondeterministic for x in r.leaves), [(x.path, x.nondeterministic) for x in r.leaves]
