@@ -4,14 +4,15 @@ Both sides run as fresh processes, timed from outside (wall clock, process
 start to exit, imports included), ``--runs`` times each, alternating:
 
 * the harness: ``gradcheck run resnet18`` (the zoo's default input: batch 1,
-  3x224x224, float32, train mode; all three backends, the float32 noise
-  probe, the referee, the HTML report);
-* the bare frameworks: ``bare_resnet18.py``, the same forward+backward once
-  in torch eager and once in jax (jit compilation included).
+  3x224x224, train mode; all three backends in float64 and float32, the
+  referee, the HTML report);
+* the bare frameworks: ``bare_resnet18.py``, the same forward+backward in
+  torch eager and in jax (jit compilation included), each in float32 and
+  float64: the least work that yields what the harness compares.
 
 Also: the harness's peak resident memory (the child's ``ru_maxrss``, from
 ``wait4``) and, from one extra in-process run, where the harness's time goes
-(model build, each backend, noise probe, referee, comparison; imports of
+(model build and reference forward, each backend, referee, comparison; imports of
 torch and jax are timed apart, reports are not included there).
 """
 
@@ -105,14 +106,14 @@ def breakdown(model: str) -> dict:
 
         return wrapper
 
-    originals = {name: getattr(runner, name) for name in ("_run_backends", "_noise_probe", "_referee", "judge_leaf")}
+    originals = {name: getattr(runner, name) for name in ("_run_backends", "_referee", "compare_leaf")}
     init = runner.CaseRun.__init__
     try:
-        runner.CaseRun.__init__ = timed("build model, inputs, float64 copy and forward", init)
-        runner._run_backends = timed("backends (jax twice: compiling, then steady state)", originals["_run_backends"])
-        runner._noise_probe = timed("float32 noise probe (tape and torch in float64)", originals["_noise_probe"])
+        runner.CaseRun.__init__ = timed("build model, inputs, float64 copy and reference forward (kinks)", init)
+        runner._run_backends = timed("backends (float64, then float32 pinned; jax's float32 twice)",
+                                     originals["_run_backends"])
         runner._referee = timed("referee", originals["_referee"])
-        runner.judge_leaf = timed("judge leaves (compare)", originals["judge_leaf"])
+        runner.compare_leaf = timed("compare leaves", originals["compare_leaf"])
         t0 = time.perf_counter()
         result = runner.run_case(MODELS[model].case())
         total = time.perf_counter() - t0
@@ -120,10 +121,10 @@ def breakdown(model: str) -> dict:
         runner.CaseRun.__init__ = init
         for name, fn in originals.items():
             setattr(runner, name, fn)
-    per_backend = {b: (t.first or 0.0) + (t.second or 0.0) for b, t in result.timings.items()}
+    per_backend = {b: (t.first or 0.0) + (t.second or 0.0) + (t.float64 or 0.0) for b, t in result.timings.items()}
     spent["other"] = total - sum(spent.values())
     return {"run_case_total": total, "imports_s": imports, "stages": spent, "backends": per_backend,
-            "backend_first_second": {b: [t.first, t.second] for b, t in result.timings.items()},
+            "backend_first_second_float64": {b: [t.first, t.second, t.float64] for b, t in result.timings.items()},
             "referee_passes": result.referee_passes, "verdict": result.verdict}
 
 

@@ -163,19 +163,19 @@ def _targets(r) -> list[str]:
     cli = r.get("cli", {}).get("summary")
     if cli:
         b = r["cli"]["breakdown"]
-        st, fs = b["stages"], b["backend_first_second"]
-        why = (f"; of the case's {_s(b['run_case_total'])} s: jax's first call (compilation) "
-               f"{_s(fs.get('jax', [0])[0] or 0)} s, judging leaves {_s(st.get('judge leaves (compare)', 0))} s, "
-               f"noise probe {_s(st.get('float32 noise probe (tape and torch in float64)', 0))} s, "
-               f"the tape {_s(sum(x or 0 for x in fs.get('tape', [0, 0])))} s (§2)")
+        st, fs = b["stages"], b["backend_first_second_float64"]
+        why = (f"; of the case's {_s(b['run_case_total'])} s: jax's float32 first call (compilation) "
+               f"{_s(fs.get('jax', [0])[0] or 0)} s and float64 call {_s(fs.get('jax', [0, 0, 0])[2] or 0)} s, "
+               f"comparing leaves {_s(st.get('compare leaves', 0))} s, "
+               f"the tape {_s(sum(x or 0 for x in fs.get('tape', [0, 0, 0])))} s (§2)")
         ok = cli["harness_wall_median"] <= 20.0
         rows.append(("`gradcheck run resnet18` ≤ 20 s wall",
                      f"{_s(cli['harness_wall_median'])} s (runs: "
                      + ", ".join(_s(x["wall"]) for x in r["cli"]["harness"]) + ")" + ("" if ok else why), _status(ok)))
-        ok = cli["ratio"] <= 1.5
-        rows.append(("… ≤ 1.5x the bare frameworks (jax compilation in both)",
+        ok = cli["ratio"] <= 1.3
+        rows.append(("… ≤ 1.3x the bare frameworks (float32 and float64, jax compilation in both)",
                      f"{_s(cli['ratio'])}x ({_s(cli['harness_wall_median'])} s vs {_s(cli['bare_wall_median'])} s)"
-                     + ("" if ok else f"; missed by {_s(cli['harness_wall_median'] - 1.5 * cli['bare_wall_median'])} s"
+                     + ("" if ok else f"; missed by {_s(cli['harness_wall_median'] - 1.3 * cli['bare_wall_median'])} s"
                         " of harness time"), _status(ok)))
         rows.append(("peak memory of `gradcheck run resnet18` ≤ 3 GiB",
                      f"{cli['harness_peak_rss_mib'] / GIB:.2f} GiB", _status(cli["harness_peak_rss_mib"] <= 3 * GIB)))
@@ -259,10 +259,11 @@ def _cli(c) -> list[str]:
     out += [
         f"Command: `{c['command']}` ({len(c['harness'])} runs of each side, alternating, fresh processes, wall",
         "clock from outside including imports). The harness runs `gradcheck run resnet18`: the zoo's default",
-        "input, **batch 1**, 3x224x224, float32, train mode; the three backends (jax called twice: its first",
-        "call compiles, the second times the computation), the float32 noise probe (tape and torch again",
-        "in float64), the referee, the HTML report. The bare side (`python benchmarks/bare_resnet18.py`) imports torch and jax, builds the",
-        "same parameters and does one forward+backward in torch eager and one in jax (jit compile included).",
+        "input, **batch 1**, 3x224x224, train mode; the three backends in float64 and in float32 (jax's float32",
+        "called twice: its first call compiles, the second times the computation), the float64 reference",
+        "forward, the referee, the HTML report. The bare side (`python benchmarks/bare_resnet18.py`) imports",
+        "torch and jax, builds the same parameters and does one forward+backward in torch eager and one in jax",
+        "(jit compile included), each in float32 and in float64.",
         "",
     ]
     out += _table(["", "wall (median)", "runs", "peak RSS"], [
@@ -281,20 +282,20 @@ def _cli(c) -> list[str]:
     out += [f"The harness's case, in process (`run_case`, {_s(b['run_case_total'])} s; imports and reports not "
             f"included{imports}), by stage:", ""]
     out += _table(["stage", "time"], rows)
-    fs = b["backend_first_second"]
-    out += ["", "Backends, first / second call (eager backends are called once): " + "; ".join(
-        f"{k} {_ms(v[0])} / {_ms(v[1])}" for k, v in fs.items()) + f". Referee passes: {b['referee_passes']}.", ""]
+    fs = b["backend_first_second_float64"]
+    out += ["", "Backends, float32 first / second call / float64 call (eager backends are called once per "
+            "precision): " + "; ".join(f"{k} {_ms(v[0])} / {_ms(v[1])} / {_ms(v[2])}" for k, v in fs.items())
+            + f". Referee passes: {b['referee_passes']}.", ""]
     case = c["harness"][0].get("case", {})
     if case.get("verdict") and case["verdict"] != "agree":
         out += [f"Note: the run's verdict was `{case['verdict']}` (see the report); the timing is unaffected.", ""]
     jax_first = fs.get("jax", [0, 0])[0] or 0
     st = b["stages"]
     extra = {
-        "the tape": sum(x or 0 for x in fs.get("tape", [0, 0])),
-        "second calls (jax; torch when timed twice)": (fs.get("torch", [0, 0])[1] or 0)
-        + (fs.get("jax", [0, 0])[1] or 0),
-        "noise probe": st.get("float32 noise probe (tape and torch in float64)", 0),
-        "referee": st.get("referee", 0), "judging leaves": st.get("judge leaves (compare)", 0),
+        "the tape": sum(x or 0 for x in fs.get("tape", [0, 0, 0])),
+        "second calls (jax)": fs.get("jax", [0, 0, 0])[1] or 0,
+        "reference forward": st.get("build model, inputs, float64 copy and reference forward (kinks)", 0),
+        "referee": st.get("referee", 0), "comparing leaves": st.get("compare leaves", 0),
     }
     out += [
         f"Why the ratio: the harness takes {_s(s['harness_wall_median'] - s['bare_wall_median'])} s more. Both "

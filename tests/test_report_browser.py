@@ -234,6 +234,8 @@ def test_link_opens_collapsed_card(browser, tmp_path):
     card = t.page.locator("#c0-leaf7")
     assert card.get_attribute("open") is None  # beyond the first few cards, collapsed
     t.page.locator("header.top a", has_text="block7.conv.weight").click()
+    # The card opens in the link's click handler: wait for it (a loaded machine runs it later than the click).
+    t.page.wait_for_function("() => document.querySelector('#c0-leaf7').open === true", timeout=10_000)
     assert card.get_attribute("open") is not None
     t.assert_clean()
     t.page.close()
