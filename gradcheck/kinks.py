@@ -87,8 +87,9 @@ class Recording:
 
 
 class _State:
-    def __init__(self, mode: str, recording: Recording, layer_of: Callable[[], str]):
+    def __init__(self, mode: str, recording: Recording, layer_of: Callable[[], str], stats: bool = True):
         self.mode = mode  # "record" or "pin"
+        self.stats = stats  # record: measure distances too (the reference forward), or decisions alone
         self.recording = recording
         self.layer_of = layer_of
         self.depth = 0  # > 0 inside an op: nested kink calls are neither recorded nor pinned
@@ -105,10 +106,13 @@ def active() -> _State | None:
 
 
 @contextlib.contextmanager
-def recording(layer_of: Callable[[], str] = lambda: ""):
-    """Record the branch of every kink op called (on numpy, in float64) inside the block."""
+def recording(layer_of: Callable[[], str] = lambda: "", stats: bool = True):
+    """Record the branch of every kink op called (on numpy, in float64) inside the block.
+
+    ``stats=False`` records the decisions alone (the referee's passes only ask whether they changed).
+    """
     global _active
-    previous, _active = _active, _State("record", Recording(), layer_of)
+    previous, _active = _active, _State("record", Recording(), layer_of, stats)
     try:
         yield _active.recording
     finally:
@@ -206,21 +210,29 @@ def _float(x) -> np.ndarray:
     return np.asarray(x, np.float64)
 
 
+def _measuring() -> bool:
+    return _active is None or _active.stats
+
+
 def _record_positive(layer, name, out, x, *rest, **kw):
     x = _float(x)
-    return _stats(Branch(name, layer, x > 0, x.shape), x, _scale(x))
+    branch = Branch(name, layer, x > 0, x.shape)
+    return _stats(branch, x, _scale(x)) if _measuring() else branch
 
 
 def _record_abs(layer, name, out, x):
     x = _float(x)
-    return _stats(Branch(name, layer, np.sign(x), x.shape), x, _scale(x))
+    branch = Branch(name, layer, np.sign(x), x.shape)
+    return _stats(branch, x, _scale(x)) if _measuring() else branch
 
 
 def _record_compare(layer, name, out, a, b):
     a, b = _float(a), _float(b)
     decision = np.asarray(a > b if name in ("maximum", "greater") else a < b)
-    return _stats(Branch(name, layer, decision, decision.shape), np.broadcast_to(a - b, decision.shape),
-                  _scale(a, b))
+    branch = Branch(name, layer, decision, decision.shape)
+    if not _measuring():
+        return branch
+    return _stats(branch, np.broadcast_to(a - b, decision.shape), _scale(a, b))
 
 
 def _axes(x: np.ndarray, axis) -> tuple:
@@ -247,7 +259,8 @@ def _record_reduce(layer, name, out, x, axis=None, keepdims=False):
     # Back to x's layout: the one-hot has x's shape.
     hot = hot.reshape([x.shape[a] for a in keep] + [x.shape[a] for a in axes])
     hot = np.transpose(hot, np.argsort(keep + list(axes)))
-    return _stats(Branch(name, layer, hot, x.shape), gap[np.isfinite(gap)], _scale(x))
+    branch = Branch(name, layer, hot, x.shape)
+    return _stats(branch, gap[np.isfinite(gap)], _scale(x)) if _measuring() else branch
 
 
 def _record_max_pool(layer, name, out, x, kernel_size, stride=None, padding=0):
@@ -259,6 +272,8 @@ def _record_max_pool(layer, name, out, x, kernel_size, stride=None, padding=0):
     taps = np.stack(kernels._taps(x, g, -np.inf))  # (kh*kw, N, C, oh, ow), taps in row-major order
     hot = np.zeros(taps.shape, bool)
     np.put_along_axis(hot, np.argmax(taps, axis=0)[None], True, axis=0)
+    if not _measuring():
+        return Branch(name, layer, hot, x.shape)
     if taps.shape[0] > 1:
         top2 = -np.partition(-taps, 1, axis=0)[:2]
         with np.errstate(invalid="ignore"):

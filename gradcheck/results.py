@@ -161,7 +161,8 @@ class LeafResult:
     norms: dict[str, float] = field(default_factory=dict)  # backend -> ||grad||
     float32: Float32Result | None = None  # the float32 part (None: the case ran float64 only)
     inherited: bool = False  # disagrees only because a layer after it in forward order is wrong (see Origin)
-    # backend -> max |a - b| / max |a| between two float64 calls on the same inputs, where they differ at all
+    # backend -> max |a - b| / max |a| between two calls on the same inputs (float32; float64 for a float64-only
+    # case), where they differ at all
     nondeterministic: dict[str, float] = field(default_factory=dict)
 
     @property

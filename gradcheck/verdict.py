@@ -135,11 +135,11 @@ def _and(items) -> str:
     return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
 
 
-def nondeterminism(leaf: LeafResult, rtol: float) -> None:
-    """A backend whose two float64 calls on the same inputs differ beyond the float64 tolerance is at fault
-    for that, not the others: the leaf is ``nondeterministic`` and blames it alone.  Smaller spreads (an
-    atomic add's reordering) stay recorded on the leaf."""
-    wild = sorted((b for b, d in leaf.nondeterministic.items() if d > rtol), key=order)
+def nondeterminism(leaf: LeafResult, limit: float) -> None:
+    """A backend whose two calls on the same inputs differ by more than ``limit`` (of the leaf's largest
+    value) is at fault for that, not the others: the leaf is ``nondeterministic`` and blames it alone.
+    Smaller spreads (an atomic add's reordering) stay recorded on the leaf."""
+    wild = sorted((b for b, d in leaf.nondeterministic.items() if d > limit), key=order)
     if not wild or leaf.verdict in ("structural", "nonfinite"):
         return
     leaf.verdict, leaf.blame = "nondeterministic", wild
