@@ -38,8 +38,6 @@ class Case:
     seed: int = 0
     forward: Callable[..., Any] | None = None
     model: str = ""  # the model or layer name, for grouping in reports
-    rtol: float | None = None  # case-level tolerance override (beats config defaults)
-    atol: float | None = None
     tags: tuple[str, ...] = ()
     notes: list[str] = field(default_factory=list)
 

@@ -248,11 +248,6 @@ def _col2im(cols: np.ndarray, g: ConvGeometry) -> np.ndarray:
     return _scatter_taps(taps, g, cols.dtype)
 
 
-def scatter_windows(cols: np.ndarray, g: ConvGeometry) -> np.ndarray:
-    """Sum window contributions (N, C, oh, ow, kh, kw) back onto the unpadded input."""
-    return _scatter_taps((cols[:, :, :, :, i, j] for i in range(g.kh) for j in range(g.kw)), g, cols.dtype)
-
-
 def _adjoint_geometry(g: ConvGeometry) -> ConvGeometry | None:
     """For a stride-1 convolution, the geometry of the convolution that is its input gradient.
 
@@ -379,9 +374,9 @@ def reduced_axes(axes, ndim) -> tuple[int, ...]:
 def normalize_stats(x, axes, eps):
     """``(mean, var, centred, rstd)`` of ``x`` over ``axes`` (biased variance, reduced axes kept).
 
-    The arithmetic and its order are those of the composition in
-    ``gradcheck.layers.norm`` (sums divided by the count), so the values
-    match what the other backends compute from it.
+    The arithmetic and its order are those of ``ops.normalize``'s derived
+    body (sums divided by the count), so the fused tape node and the numpy
+    forward give what the composition gives.
     """
     n = _count(x.shape, axes)
     mean = np.sum(x, axis=axes, keepdims=True) / n

@@ -25,7 +25,7 @@ from gradcheck.layers.models.resnet import (
     BasicBlock,
     Bottleneck,
     ResNet,
-    images,
+    normal_inputs,
     resnet18,
     resnet34,
     resnet50,
@@ -43,10 +43,6 @@ from gradcheck.layers.models.spec import ModelSpec
 from gradcheck.layers.models.transformer import GPT, transformer
 
 
-def _features(rng, batch, input_shape, **_):
-    return (rng.standard_normal((batch,) + tuple(input_shape)),)
-
-
 def _tokens(rng, batch, input_shape, vocab_size, **_):
     return (rng.integers(0, vocab_size, size=(batch,) + tuple(input_shape), dtype="int64"),)
 
@@ -61,29 +57,29 @@ MODELS: dict[str, ModelSpec] = {
     spec.name: spec
     for spec in [
         ModelSpec(
-            "mlp", mlp, _features, lambda in_features, **_: (in_features,), 8,
+            "mlp", mlp, normal_inputs, lambda in_features, **_: (in_features,), 8,
             "MLP 32-64-64-10 with relu; input (8, 32) features",
             options={"in_features": 32, "hidden": (64, 64), "out_features": 10, "activation": "relu"},
             small={"in_features": 8, "hidden": (16, 16), "out_features": 4, "batch": 4},
         ),
         ModelSpec(
-            "lenet5", lenet5, _features, lambda in_channels, **_: (in_channels, 28, 28), 2,
+            "lenet5", lenet5, normal_inputs, lambda in_channels, **_: (in_channels, 28, 28), 2,
             "LeNet-5 (relu, max-pool) on (2, 1, 28, 28) digits",
             options={"num_classes": 10, "in_channels": 1},
             small={"batch": 2},
         ),
         ModelSpec(
-            "resnet18", resnet18, images, (3, 224, 224), 1,
+            "resnet18", resnet18, normal_inputs, (3, 224, 224), 1,
             "torchvision ResNet-18 (BasicBlock [2,2,2,2]) on (1, 3, 224, 224) images",
             options=dict(_RESNET_OPTIONS), small=_RESNET_SMALL,
         ),
         ModelSpec(
-            "resnet34", resnet34, images, (3, 224, 224), 1,
+            "resnet34", resnet34, normal_inputs, (3, 224, 224), 1,
             "torchvision ResNet-34 (BasicBlock [3,4,6,3]) on (1, 3, 224, 224) images",
             options=dict(_RESNET_OPTIONS), small=_RESNET_SMALL,
         ),
         ModelSpec(
-            "resnet50", resnet50, images, (3, 224, 224), 1,
+            "resnet50", resnet50, normal_inputs, (3, 224, 224), 1,
             "torchvision ResNet-50 (Bottleneck [3,4,6,3]) on (1, 3, 224, 224) images",
             options=dict(_RESNET_OPTIONS), small=_RESNET_SMALL,
         ),
@@ -102,7 +98,7 @@ MODELS: dict[str, ModelSpec] = {
             input_kind="int",
         ),
         ModelSpec(
-            "unet_small", unet_small, images, (3, 32, 32), 2,
+            "unet_small", unet_small, normal_inputs, (3, 32, 32), 2,
             "two-level U-Net (base 8 channels) on (2, 3, 32, 32) images",
             options={"in_channels": 3, "out_channels": 2, "base": 8},
             small={"base": 4, "input_shape": (3, 16, 16), "batch": 2},

@@ -143,6 +143,6 @@ def resnet50(num_classes=1000, zero_init_residual=False, rng=None):
     return ResNet(Bottleneck, (3, 4, 6, 3), num_classes, zero_init_residual, rng=rng)
 
 
-def images(rng, batch, input_shape, **_):
-    """Standard-normal images (what a normalised ImageNet batch looks like to the network)."""
+def normal_inputs(rng, batch, input_shape, **_):
+    """Standard-normal inputs: features, or images (what a normalised ImageNet batch looks like to a network)."""
     return (rng.standard_normal((batch,) + tuple(input_shape)),)
