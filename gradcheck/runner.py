@@ -178,15 +178,23 @@ def run_case(case: Case, options: RunOptions | None = None) -> CaseResult:
         return res
     res.verdict = verdict.case_verdict(res.leaves, res.errors)
     if res.leaves_compared == 0 and not res.errors:
-        ran = [b for b in options.backends if b in res.timings]
-        res.errors["case"] = ("nothing was compared: " + (
-            "the model has no trainable leaf and only one backend ran" if len(ran) == 1 and options.referee != "off"
-            else f"only {ran[0]} ran and the referee is off; a check needs two backends, or one backend and the "
-                 "referee (install torch or jax, or leave --referee on)" if len(ran) == 1
-            else "no backend ran" if not ran else "the model has no trainable leaf and no output"))
+        res.errors["case"] = _nothing_compared([b for b in options.backends if b in res.timings], options.referee)
         res.verdict = "error"
     res.first_disagreement = first_in_backward_order(res.leaves)
     return res
+
+
+def _nothing_compared(ran: list[str], referee: str) -> str:
+    if not ran:
+        why = "no backend ran"
+    elif len(ran) > 1:
+        why = "the model has no trainable leaf and no output"
+    elif referee != "off":
+        why = "the model has no trainable leaf and only one backend ran"
+    else:
+        why = (f"only {ran[0]} ran and the referee is off; a check needs two backends, or one backend and the "
+               "referee (install torch or jax, or leave --referee on)")
+    return "nothing was compared: " + why
 
 
 def _run_backends(cr: CaseRun, options: RunOptions, res: CaseResult) -> dict[str, BackendRun]:
@@ -261,8 +269,7 @@ def _compare(cr: CaseRun, runs: dict[str, BackendRun], options: RunOptions, res:
                                  and (d := _spread(get(r.ev32 if measured else r.ev64), get(r.again)))}
         if measured and expect_array and leaf.verdict in ("agree", "disagree"):
             tol = rules.resolve(path, "float32", layer)
-            leaf.float32 = verdict.float32_part({b: get(r.ev32) if r.ev32 is not None else MISSING
-                                                 for b, r in runs.items() if r.ev32 is not None},
+            leaf.float32 = verdict.float32_part({b: get(r.ev32) for b, r in runs.items() if r.ev32 is not None},
                                                 {b: get(r.ev64) for b, r in runs.items()},
                                                 tol.imprecise_factor, tol.imprecise_floor)
         return leaf
