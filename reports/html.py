@@ -356,7 +356,7 @@ def _vacuous(case: CaseResult) -> str:
             f"<ul class='plain'>{items}</ul></div>")
 
 
-def _case(c: int, case: CaseResult, anchors: dict[int, str]) -> str:
+def _case(c: int, case: CaseResult, anchors: dict[int, str], alone: bool = False) -> str:
     failing = failing_leaves(case)
     warned = imprecise_leaves(case)
     meta = " · ".join(x for x in (
@@ -407,7 +407,8 @@ def _case(c: int, case: CaseResult, anchors: dict[int, str]) -> str:
         body.append(f"<h3>{title} ({len(warned)})</h3>")
         body += [leaf_card(leaf, anchors[id(leaf)], opened=k < OPEN_CARDS and not failing, is_start=False)
                  for k, leaf in enumerate(warned)]
-    opened = " open" if case.failed or len(case.leaves) == 0 or warned else ""
+    # A report of one case (``gradcheck run resnet18``) opens it: its tree and precision chart are the report.
+    opened = " open" if alone or case.failed or len(case.leaves) == 0 or warned else ""
     return (f"<details class='case {vclass(case.verdict)}' id='case-{c}'{opened}>{summary}"
             f"<div class='cbody'>{''.join(body)}</div></details>")
 
@@ -417,7 +418,7 @@ def render_html(run: RunResult) -> str:
     anchors = _anchors(run)
     status = run_status(run)
     title = f"gradcheck: {status} — {run_sentence(run)}"
-    cases = "".join(_case(c, case, anchors) for c, case in enumerate(run.cases))
+    cases = "".join(_case(c, case, anchors, alone=len(run.cases) == 1) for c, case in enumerate(run.cases))
     if not run.cases:
         cases = f"<section class='panel'><p>{e(run_sentence(run)).capitalize()}.</p></section>"
     version = run.env.get("gradcheck") or ""
