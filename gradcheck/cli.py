@@ -243,7 +243,7 @@ class Progress:
 
         elapsed = time.perf_counter() - self.t0
         line = clean_line(f"[{i + 1}/{total}] {result.name}: {result.verdict} "
-                          f"({result.leaves_compared} leaves, {elapsed:.1f}s)")
+                          f"({result.leaves_compared} leaves; {elapsed:.1f}s elapsed)")
         if self.tty:
             self.stream.write("\r" + " " * self._width() + "\r")
         self.stream.write(line + "\n")
