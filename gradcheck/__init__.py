@@ -12,11 +12,22 @@ from gradcheck.module import Module, buffer, child, param, static
 
 __version__ = "0.1.0"
 
+
+def __getattr__(name):
+    # from_torch on first use: importing gradcheck must not import torch.
+    if name == "from_torch":
+        from gradcheck.export import from_torch
+
+        return from_torch
+    raise AttributeError(f"module 'gradcheck' has no attribute {name!r}")
+
+
 __all__ = [
     "Module",
     "assert_gradients_agree",
     "buffer",
     "child",
+    "from_torch",
     "gradient",
     "ops",
     "param",

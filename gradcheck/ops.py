@@ -676,3 +676,103 @@ def adaptive_pool_matrix(size: int, out: int) -> np.ndarray:
         end = -((-(i + 1) * size) // out)
         m[i, start:end] = 1.0 / (end - start)
     return m
+
+
+# ---- ops for torch.export graphs
+# Functions a torch model calls that Core ATen keeps whole and that gradcheck had no op for.  Each body is
+# the composition the tape and the numpy referee run; torch runs its own kernel and jax its own where jax
+# has one that computes the same thing (backends/*_ops.py, at the end).
+@op
+def hardsigmoid(x):
+    """``torch.nn.functional.hardsigmoid``: ``relu6(x + 3) / 6``; slope 1/6 inside (-3, 3), 0 outside.
+
+    Written with ``where`` rather than ``maximum``/``minimum``, whose ties would split the slope at -3
+    and 3: this way the gradient there is 0, as torch's and jax's are.
+    """
+    inside = add(div(x, 6.0), 0.5)
+    return where(greater(x, -3.0), where(less(x, 3.0), inside, 1.0), 0.0)
+
+
+@op
+def hardswish(x):
+    """``torch.nn.functional.hardswish``: ``x * hardsigmoid(x)``; slope 0 below -3 and at it, 1 from 3 up."""
+    return mul(x, hardsigmoid(x))
+
+
+def _upsample_scale(in_size: int, out_size: int, scale_factor) -> np.float32:
+    """torch's ``compute_scales_value`` in float32, as its CPU kernels compute it: ``1/scale_factor`` or ``in/out``."""
+    if scale_factor is not None and scale_factor > 0:
+        return np.float32(1.0 / scale_factor)
+    return np.float32(in_size) / np.float32(out_size)
+
+
+def _upsample_args(name, x, size, scale_factor):
+    shape = shape_of(x)
+    if len(shape) != 4:
+        raise ValueError(f"{name}: input of shape {shape}; expected 4 dims, NCHW")
+    oh, ow = (size, size) if isinstance(size, (int, np.integer)) else tuple(size)
+    if scale_factor is None or isinstance(scale_factor, (int, float, np.number)):
+        scales = (scale_factor, scale_factor)
+    else:
+        scales = tuple(scale_factor)
+    return shape, int(oh), int(ow), scales
+
+
+def nearest_indices(in_size: int, out_size: int, scale_factor=None) -> np.ndarray:
+    """The input row each output row of torch's ``nearest`` reads: ``floor(i * scale)`` in float32, clamped."""
+    if out_size == in_size:
+        return np.arange(out_size)
+    if out_size == 2 * in_size:
+        return np.arange(out_size) >> 1
+    scale = _upsample_scale(in_size, out_size, scale_factor)
+    src = np.floor(np.arange(out_size, dtype=np.float32) * scale).astype(np.int64)
+    return np.minimum(src, in_size - 1)
+
+
+@op
+def upsample_nearest2d(x, size, scale_factor=None):
+    """``F.interpolate(x, size, mode="nearest")`` on NCHW: output pixel ``i`` reads input ``floor(i * in/out)``.
+
+    ``scale_factor`` (one float, or one per spatial dim) is what torch maps
+    coordinates with when the call gave one (``1/scale_factor`` instead of
+    ``in/out``); ``size`` is the output size either way.  Derived as two
+    gathers, so the gradient scatter-adds into the rows read.
+    """
+    (_, _, h, w), oh, ow, (sh, sw) = _upsample_args("upsample_nearest2d", x, size, scale_factor)
+    rows = take(x, nearest_indices(h, oh, sh), axis=2)
+    return take(rows, nearest_indices(w, ow, sw), axis=3)
+
+
+def bilinear_matrix(in_size: int, out_size: int, align_corners: bool = False, scale_factor=None) -> np.ndarray:
+    """The ``out x in`` interpolation matrix of torch's ``bilinear`` (``area_pixel_compute_source_index``)."""
+    if align_corners:
+        scale = (in_size - 1) / (out_size - 1) if out_size > 1 else 0.0
+        src = np.arange(out_size) * scale
+    else:
+        scale = 1.0 / scale_factor if scale_factor is not None and scale_factor > 0 else in_size / out_size
+        src = np.maximum((np.arange(out_size) + 0.5) * scale - 0.5, 0.0)
+    lo = np.minimum(np.floor(src).astype(np.int64), in_size - 1)
+    hi = np.where(lo < in_size - 1, lo + 1, lo)
+    frac = src - lo
+    m = np.zeros((out_size, in_size))
+    np.add.at(m, (np.arange(out_size), lo), 1.0 - frac)
+    np.add.at(m, (np.arange(out_size), hi), frac)
+    return m
+
+
+def _upsample_bilinear2d_composed(x, size, align_corners=False, scale_factor=None):
+    (_, _, h, w), oh, ow, (sh, sw) = _upsample_args("upsample_bilinear2d", x, size, scale_factor)
+    mh = asarray(bilinear_matrix(h, oh, align_corners, sh), like=x)
+    mw = asarray(bilinear_matrix(w, ow, align_corners, sw), like=x)
+    return einsum("ncoj,pj->ncop", einsum("nchw,oh->ncow", x, mh), mw)
+
+
+@op
+def upsample_bilinear2d(x, size, align_corners=False, scale_factor=None):
+    """``F.interpolate(x, size, mode="bilinear", align_corners=...)`` on NCHW (no antialiasing, as torch's default).
+
+    ``scale_factor`` as in ``upsample_nearest2d``.  Derived as two
+    contractions with constant interpolation matrices, differentiable to any
+    order wherever ``einsum`` is.
+    """
+    return _upsample_bilinear2d_composed(x, size, align_corners, scale_factor)

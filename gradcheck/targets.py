@@ -178,12 +178,15 @@ def _call(fn, target: str, request: Request) -> list[Case]:
             raise TargetError(f"target {target!r}: {attr}() raised {_one_line(exc)}") from None
     else:
         made = fn
-    cases = [made] if isinstance(made, Case) else made
-    if not isinstance(cases, (list, tuple)) or not cases or not all(isinstance(c, Case) for c in cases):
+    from gradcheck import export
+
+    cases = export.as_cases(made, name=attr)
+    if not cases:
         raise TargetError(
             f"target {target!r}: {attr} gave {type(made).__name__}"
             + (" (empty)" if isinstance(made, (list, tuple)) and not made else "")
-            + "; it must be (or return) a gradcheck.case.Case or a non-empty list of them"
+            + "; it must be (or return) a gradcheck Case, a list of Cases, a (torch.nn.Module, inputs) pair, "
+              "or a list of those"
         )
     return list(cases)
 

@@ -208,6 +208,17 @@ ROWS = [
     row("adaptive_avg_pool2d", lambda x: ops.adaptive_avg_pool2d(x, 3), (2, 2, 5, 7), id="uneven"),
     row("adaptive_avg_pool2d", lambda x: ops.adaptive_avg_pool2d(x, (2, 3)), (1, 2, 4, 6), id="even"),
     row("adaptive_avg_pool2d", lambda x: ops.adaptive_avg_pool2d(x, 1), (2, 3, 3, 4), id="global"),
+    # ops for torch.export graphs: jax.nn's hard activations, jax.image.resize where it matches torch
+    row("hardswish", lambda x: ops.hardswish(ops.mul(x, 2.5)), (3, 8), id="hardswish"),
+    row("hardsigmoid", lambda x: ops.hardsigmoid(ops.mul(x, 2.5)), (3, 8), id="hardsigmoid"),
+    row("upsample_nearest2d", lambda x: ops.upsample_nearest2d(x, (6, 9)), (2, 2, 3, 4), id="nearest-up"),
+    row("upsample_nearest2d", lambda x: ops.upsample_nearest2d(x, (2, 3)), (1, 2, 5, 7), id="nearest-down"),
+    row("upsample_bilinear2d", lambda x: ops.upsample_bilinear2d(x, (6, 9)), (2, 2, 3, 4), id="bilinear-resize"),
+    row("upsample_bilinear2d", lambda x: ops.upsample_bilinear2d(x, (3, 4)), (1, 2, 5, 7), id="bilinear-down"),
+    row("upsample_bilinear2d", lambda x: ops.upsample_bilinear2d(x, (5, 7), align_corners=True), (1, 2, 3, 4),
+        id="bilinear-corners"),
+    row("upsample_bilinear2d", lambda x: ops.upsample_bilinear2d(x, (7, 7), scale_factor=1.5), (1, 2, 5, 5),
+        id="bilinear-factor"),
 ]
 
 

@@ -746,6 +746,43 @@ def _(d):
     return f, (d.normal(shape), d.rng.uniform(0.0, 1.0, shape))
 
 
+# ---------------------------------------------------------------- ops for torch.export graphs (derived)
+def _off_hard_kinks(x):
+    """Values across (-5, 5), the flat parts included, none within 0.1 of the kinks at -3 and 3, and the
+    first on the slope (an input all on the flat parts would make a check that cannot fail)."""
+    near = np.abs(np.abs(x) - 3.0) < 0.1
+    x = np.array(np.where(near, x + 0.25 * np.sign(x), x))
+    x.reshape(-1)[0] = 1.5
+    return x
+
+
+@row("hardswish", "hardswish (both flat parts and the curve)")
+def _(d):
+    return ops.hardswish, (_off_hard_kinks(d.rng.uniform(-5.0, 5.0, d.shape())),)
+
+
+@row("hardsigmoid", "hardsigmoid (both flat parts and the slope)")
+def _(d):
+    return ops.hardsigmoid, (_off_hard_kinks(d.rng.uniform(-5.0, 5.0, d.shape())),)
+
+
+@row("upsample_nearest2d", "upsample_nearest2d (up, down, a given scale factor)")
+def _(d):
+    h, w = d.int(1, 4, "h"), d.int(1, 4, "w")
+    size = (d.int(1, 8, "oh"), d.int(1, 8, "ow"))
+    factor = 2.0 if d(st.booleans(), "scale factor 2") else None
+    size = (2 * h, 2 * w) if factor else size
+    return (lambda x: ops.upsample_nearest2d(x, size, factor)), (d.normal((d.int(1, 2, "n"), 2, h, w)),)
+
+
+@row("upsample_bilinear2d", "upsample_bilinear2d (corners aligned or not, up and down)")
+def _(d):
+    h, w = d.int(1, 4, "h"), d.int(1, 4, "w")
+    size = (d.int(1, 8, "oh"), d.int(1, 8, "ow"))
+    corners = d(st.booleans(), "align_corners")
+    return (lambda x: ops.upsample_bilinear2d(x, size, corners)), (d.normal((d.int(1, 2, "n"), 2, h, w)),)
+
+
 # ---------------------------------------------------------------- the tests
 def test_every_op_has_a_row():
     covered = {r.op for r in ROWS}

@@ -762,3 +762,33 @@ def binary_cross_entropy_with_logits(input, target, weight=None, reduction="mean
     if weight is not None:
         loss = loss * _constant_like(weight, input)
     return _reduce_loss(loss, reduction)
+
+
+# ---------------------------------------------------------------- ops for torch.export graphs
+def hardsigmoid(x):
+    """``jax.nn.hard_sigmoid``: ``relu6(x + 3) / 6``, as torch's."""
+    return jax.nn.hard_sigmoid(x)
+
+
+def hardswish(x):
+    """``jax.nn.hard_swish``: ``x * relu6(x + 3) / 6``."""
+    return jax.nn.hard_swish(x)
+
+
+def upsample_bilinear2d(x, size, align_corners=False, scale_factor=None):
+    """``jax.image.resize(method="linear", antialias=False)`` where it computes what torch does.
+
+    jax samples at half-pixel centres with the ratio ``out/in``, which is
+    torch's ``align_corners=False`` when no other scale factor was given;
+    otherwise (corners aligned, or a scale factor that is not ``out/in``)
+    the derived interpolation matrices run.
+    """
+    from gradcheck import ops
+
+    n, c, h, w = _shape(x) if len(x.shape) == 4 else (None,) * 4
+    oh, ow = (size, size) if isinstance(size, (int, np.integer)) else tuple(int(s) for s in size)
+    scales = scale_factor if isinstance(scale_factor, (tuple, list)) else (scale_factor, scale_factor)
+    plain = all(s is None or s <= 0 or float(s) == o / i for s, o, i in zip(scales, (oh, ow), (h, w)))
+    if n is None or align_corners or not plain:
+        return ops._upsample_bilinear2d_composed(x, size, align_corners, scale_factor)
+    return jax.image.resize(x, (n, c, oh, ow), method="linear", antialias=False)

@@ -871,3 +871,32 @@ def binary_cross_entropy_with_logits(input, target, weight=None, reduction="mean
     _no_gradient("binary_cross_entropy_with_logits", "weight", w)
     _no_gradient("binary_cross_entropy_with_logits", "pos_weight", pw)
     return F.binary_cross_entropy_with_logits(x, t, weight=w, reduction=reduction, pos_weight=pw)
+
+
+# ---------------------------------------------------------------- ops for torch.export graphs
+def hardsigmoid(x):
+    return F.hardsigmoid(x)
+
+
+def hardswish(x):
+    return F.hardswish(x)
+
+
+def _scale_pair(scale_factor):
+    if scale_factor is None or isinstance(scale_factor, (int, float, np.number)):
+        return scale_factor, scale_factor
+    return tuple(scale_factor)
+
+
+def upsample_nearest2d(x, size, scale_factor=None):
+    # The aten kernel F.interpolate calls, given the output size and torch's scale factor both (F.interpolate
+    # itself takes one or the other).
+    oh, ow = (size, size) if isinstance(size, (int, np.integer)) else tuple(size)
+    sh, sw = _scale_pair(scale_factor)
+    return torch.ops.aten.upsample_nearest2d.default(x, [int(oh), int(ow)], sh, sw)
+
+
+def upsample_bilinear2d(x, size, align_corners=False, scale_factor=None):
+    oh, ow = (size, size) if isinstance(size, (int, np.integer)) else tuple(size)
+    sh, sw = _scale_pair(scale_factor)
+    return torch.ops.aten.upsample_bilinear2d.default(x, [int(oh), int(ow)], bool(align_corners), sh, sw)

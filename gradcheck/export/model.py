@@ -1,0 +1,421 @@
+"""The gradcheck Module standing for a torch module: its leaves by torch's names, and one call that dispatches.
+
+``TorchModule`` mirrors the torch module's tree (one gradcheck module per
+torch submodule, named after its class), with every parameter a ``param``
+leaf and every buffer a ``buffer`` leaf at the path torch gives it, so the
+runner, the reports and tolerance rules (``layer = "BatchNorm2d"``) see
+torch's names.  A tied tensor is one leaf, at its first name.
+
+Calling it dispatches on what its leaves hold:
+
+* torch tensors (the torch backend): the user's module itself, with the
+  leaves bound by ``torch.func.functional_call``, under torch autograd;
+* tape tensors, jax arrays (the tape and jax backends) and numpy arrays
+  (the reference forward, the referee): the exported ATen graph, each node
+  lowered to ``gradcheck.ops``.
+
+Dropout in training mode multiplies by the case's mask on every path: the
+graph's dropout nodes take mask ``k`` in graph order, and on torch a
+function mode replaces the ``k``-th ``F.dropout`` (and the dropout of
+``F.scaled_dot_product_attention``) with the same mask, since no torch
+dropout takes a given one.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+
+from gradcheck import module as gmodule
+from gradcheck import ops
+from gradcheck.backends import backend_of
+from gradcheck.export import capture, interpreter
+from gradcheck.module import Module, buffer, child, param, static
+from gradcheck.tree import join, leaves_with_paths, owner_of
+
+_RESERVED = frozenset(dir(Module)) | {"training", "_frozen", "_program", "_dropout_seed"}
+
+
+class TorchModule(Module):
+    """The root: a torch module as a gradcheck Module (made by ``gradcheck.from_torch``)."""
+
+    _program: object = static()
+    _dropout_seed: int = static()
+
+    def __init__(self):
+        raise TypeError("a TorchModule is made by gradcheck.from_torch(module, *inputs), not directly")
+
+    def __call__(self, *inputs):
+        return self._program.call(self, inputs)
+
+
+class TorchSubmodule(Module):
+    """One torch submodule's parameters, buffers and children (it is called only through the root)."""
+
+    def __init__(self):
+        raise TypeError("a TorchSubmodule is made by gradcheck.from_torch, not directly")
+
+
+_classes: dict = {}
+
+
+def _node_class(name: str, base: type, fields: tuple[tuple[str, str], ...]) -> type:
+    """A Module class named after the torch class, with these fields (cached per layout)."""
+    key = (name, base, fields)
+    if key not in _classes:
+        make = {"param": param, "buffer": buffer, "child": child}
+        namespace = {"__annotations__": {f: "object" for f, _ in fields}, "__module__": __name__,
+                     "__qualname__": name}
+        namespace.update({f: make[kind]() for f, kind in fields})
+        _classes[key] = type(name, (base,), namespace)
+    return _classes[key]
+
+
+def dropout_seed(seed: int, k: int) -> int:
+    """The seed of the ``k``-th dropout mask of a call (one stream per dropout, from the case's seed)."""
+    return int(np.random.SeedSequence([int(seed), int(k)]).generate_state(1)[0])
+
+
+def dropout_factors(seed: int, k: int, shape, p: float) -> np.ndarray:
+    from gradcheck.layers.dropout import dropout_mask
+
+    return dropout_mask(dropout_seed(seed, k), tuple(shape), float(p))
+
+
+class Program:
+    """Everything one ``from_torch`` call captured: the module, its graphs per mode, its outputs' names."""
+
+    def __init__(self, wrapper, example_inputs: tuple, decompose: str, name: str, device=None):
+        self.wrapper = wrapper
+        self.device = device  # where the module's own tensors live (the numpy path's torch forward runs there)
+        self.example_inputs = example_inputs
+        self.decompose = decompose
+        self.name = name
+        self._graphs: dict[bool, capture.Graph] = {}
+        self._outputs: dict[bool, tuple[list[str], list[bool]]] = {}
+
+    # -- capture, on demand per mode -------------------------------------------
+    def graph(self, training: bool) -> capture.Graph:
+        if training not in self._graphs:
+            import time
+
+            t0 = time.perf_counter()
+            ep = capture.export(self.wrapper, self.example_inputs, training, self.decompose, self.name)
+            graph = capture.read_graph(ep, self.wrapper, len(self.example_inputs), training)
+            graph.export_s = time.perf_counter() - t0
+            names, floats = capture.example_outputs(self.wrapper, self.example_inputs, training)
+            if len(names) != graph.user_outputs:
+                raise capture.CaptureError(
+                    f"{self.name}: the module returns {len(names)} leaves but its graph {graph.user_outputs}; "
+                    "return tensors (in a tuple, list, dict or registered dataclass)")
+            if not any(floats):
+                raise capture.CaptureError(
+                    f"{self.name} returns no float tensor ({', '.join(names) or 'nothing'}); a gradient check "
+                    "needs one: return the logits (or the loss), or pass forward= that does")
+            self._graphs[training] = graph
+            self._outputs[training] = (names, floats)
+        return self._graphs[training]
+
+    def output_names(self, training: bool) -> list[str]:
+        self.graph(training)
+        names, floats = self._outputs[training]
+        return [n or "output" for n, f in zip(names, floats) if f]
+
+    # -- the tree of leaves -------------------------------------------------------
+    def tree(self, seed: int) -> TorchModule:
+        """A fresh gradcheck tree holding the torch module's current parameter and buffer values."""
+        user = self.wrapper.module
+        params = {id(p): n for n, p in user.named_parameters()}
+        buffers = {id(b): n for n, b in user.named_buffers()}
+
+        def make(mod, prefix, base):
+            fields, values, frozen = [], {}, set()
+            for kind, table, owned in (("param", params, mod._parameters), ("buffer", buffers, mod._buffers)):
+                for name, t in owned.items():
+                    path = join(prefix, name)
+                    if t is None or table.get(id(t)) != path:
+                        continue  # None (a disabled bias), or a tied alias: its leaf is at its first name
+                    fields.append((name, kind))
+                    values[name] = _numpy(t)
+                    if kind == "param" and not t.requires_grad:
+                        frozen.add(name)
+            for name, sub in mod._modules.items():
+                if sub is None:
+                    continue
+                fields.append((name, "child"))
+                values[name] = make(sub, join(prefix, name), TorchSubmodule)
+            for name, _ in fields:
+                if name in _RESERVED:
+                    raise TypeError(
+                        f"{self.name}: {join(prefix, name)!r} has the name of a gradcheck Module attribute; "
+                        "rename it in the torch module (or wrap the module) to check it")
+            obj = object.__new__(_node_class(type(mod).__name__, base, tuple(fields)))
+            for name, value in values.items():
+                object.__setattr__(obj, name, value)
+            if frozen:
+                obj._frozen = frozen
+            obj.training = mod.training
+            return obj
+
+        root = make(user, "", TorchModule)
+        root._program = self
+        root._dropout_seed = int(seed)
+        return root
+
+    # -- calls ------------------------------------------------------------------
+    def call(self, root: TorchModule, inputs: tuple):
+        values = {leaf.path: leaf.value for leaf in leaves_with_paths(root)}
+        backend = _backend(list(values.values()) + list(inputs))
+        training = bool(root.training)
+        graph = self.graph(training)
+        if backend == "torch":
+            return self._select(training, self._call_torch(root, values, inputs, training))
+        if backend == "numpy":
+            if not graph.verified:
+                self._verify(root, graph, values, inputs)
+            if graph.problems:
+                # The tape and jax cannot run this graph; the referee still can, on torch's float64 forward.
+                return self._select(training, self._call_torch_numpy(root, values, inputs, training))
+        return self._select(training, self._call_graph(root, graph, values, inputs))
+
+    def _select(self, training: bool, leaves: list):
+        names, floats = self._outputs[training]
+        picked = [v for v, f in zip(leaves, floats) if f]
+        return picked[0] if len(picked) == 1 else tuple(picked)
+
+    def _placeholders(self, graph, values, inputs, floats) -> dict:
+        out = {}
+        for name, b in graph.inputs.items():
+            if b.kind in ("param", "buffer"):
+                out[name] = values[b.target]
+            elif b.kind == "constant":
+                v = b.value
+                out[name] = v.astype(floats) if v.dtype.kind == "f" else v
+            else:
+                out[name] = inputs[b.index]
+        return out
+
+    def _mask(self, root, graph):
+        seed = root._dropout_seed
+
+        def mask(node_name, shape, p):
+            return dropout_factors(seed, graph.dropout_nodes[node_name], shape, p)
+
+        return mask
+
+    def _call_graph(self, root, graph, values, inputs) -> list:
+        floats = _float_dtype(list(values.values()) + list(inputs))
+        layer_of = _layers(root) if gmodule._calls is not None else None
+        outs = interpreter.run(graph, self._placeholders(graph, values, inputs, floats), floats,
+                               self._mask(root, graph), layer_of)
+        user = [None] * graph.user_outputs
+        for (kind, target), value in zip(graph.outputs, outs):
+            if kind == "output":
+                user[target] = value
+            elif kind == "buffer":
+                owner, field = owner_of(root, target)
+                setattr(owner, field, value)  # the drivers read updated buffers from the fields
+        return user
+
+    def _verify(self, root, graph, values, inputs) -> None:
+        """Check each lowering against torch's op once, in float64, outside the caller's counting and kinks."""
+        from gradcheck import cost, kinks
+
+        floats = _float_dtype(list(values.values()) + list(inputs))
+        if floats != np.float64:
+            return  # only a float64 run can tell a wrong lowering from rounding
+        with cost.counting(), kinks.suspended():
+            found = interpreter.verify(graph, self._placeholders(graph, values, inputs, floats),
+                                       self._mask(root, graph))
+        graph.problems.update(found)
+        graph.verified = True
+
+    def _call_torch(self, root, values, inputs, training) -> list:
+        import torch
+        from torch.utils import _pytree as pytree
+
+        state = {join(capture.ROOT, path): v for path, v in values.items()}
+        # The inputs are the drivers' leaves: an in-place op of the module on an input must not touch them.
+        inputs = tuple(x.clone() if isinstance(x, torch.Tensor) and x.requires_grad else x for x in inputs)
+        graph = self.graph(training)
+        was = [m.training for m in self.wrapper.modules()]
+        self.wrapper.train(training)
+        try:
+            with CaseDropout(root._dropout_seed, graph.dropout_shapes) as mode:
+                out = torch.func.functional_call(self.wrapper, state, inputs, tie_weights=True, strict=False)
+            mode.finish()
+        finally:
+            for m, flag in zip(self.wrapper.modules(), was):
+                m.training = flag
+        return pytree.tree_leaves(out)
+
+    def _call_torch_numpy(self, root, values, inputs, training) -> list:
+        """The torch module's float64 forward on numpy values (for the referee when the graph cannot run)."""
+        import torch
+
+        tvalues = {p: torch.from_numpy(np.array(v, copy=True)).to(self.device) for p, v in values.items()}
+        tinputs = tuple(torch.from_numpy(np.array(x, copy=True)).to(self.device) for x in inputs)
+        with torch.no_grad():
+            leaves = self._call_torch(root, tvalues, tinputs, training)
+        for leaf in leaves_with_paths(root):
+            if leaf.kind == "buffer":
+                owner, field = owner_of(root, leaf.path)
+                setattr(owner, field, tvalues[leaf.path].cpu().numpy())
+        return [v.detach().cpu().numpy() if isinstance(v, torch.Tensor) else v for v in leaves]
+
+
+def _numpy(t) -> np.ndarray:
+    return t.detach().cpu().numpy().copy()
+
+
+def _backend(values) -> str:
+    for v in values:
+        b = backend_of(v)
+        if b not in (None, "numpy"):
+            return b
+    return "numpy"
+
+
+def _float_dtype(values) -> np.dtype:
+    for v in values:
+        if hasattr(v, "dtype") and np.dtype(ops.dtype_of(v)).kind == "f":
+            return np.dtype(ops.dtype_of(v))
+    return np.dtype(np.float32)
+
+
+def _layers(root):
+    """node -> the gradcheck submodule it was traced in, for kink reports (only while someone listens)."""
+    by_path = {"": root}
+
+    def walk(node, path):
+        for name, kind, _ in node.field_kinds():
+            if kind == "child":
+                sub = getattr(node, name)
+                by_path[join(path, name)] = sub
+                walk(sub, join(path, name))
+
+    walk(root, "")
+    return lambda fx_node: by_path.get(capture.module_of(fx_node)[0])
+
+
+class CaseDropout:
+    """On torch, the case's dropout masks in place of torch's random ones, in call order; kinks pinned.
+
+    A ``TorchFunctionMode``: the ``k``-th ``F.dropout`` that drops anything,
+    or ``F.scaled_dot_product_attention`` with ``dropout_p > 0``, gets mask
+    ``k`` (the graph's ``k``-th dropout node gets the same).  Other random
+    dropouts (``dropout2d``, ``alpha_dropout``) have no graph counterpart
+    that takes a mask, and raise.
+
+    While a float32 run is pinned to the float64 reference's kinks
+    (``gradcheck.kinks``), relu and max pooling go through ``gradcheck.ops``
+    too, which runs torch's own kernel and takes the reference's branch only
+    where torch's differs; unpinned, torch would land on the other side of
+    ResNet-18's near-zero relu inputs and its float32 error would measure
+    that, not rounding.  The reference recorded the graph's kink ops in
+    graph order; a module whose other kink ops (clamp, maximum) are not
+    intercepted here misaligns the sequence, which the pin detects
+    (``KinkMismatch``), and the run is repeated unpinned with a note.
+    """
+
+    def __init__(self, seed: int, expected: list):
+        from torch.overrides import TorchFunctionMode
+
+        outer = self
+
+        class _Mode(TorchFunctionMode):
+            def __torch_function__(self, func, types, args=(), kwargs=None):
+                return outer._handle(func, args, kwargs or {})
+
+        from gradcheck import kinks
+
+        state = kinks.active()
+        self.pinning = state is not None and state.mode == "pin"
+        self._mode = _Mode()
+        self.seed = seed
+        self.expected = expected
+        self.k = 0
+
+    def __enter__(self):
+        self._mode.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        return self._mode.__exit__(*exc)
+
+    def _next(self, shape, p):
+        k = self.k
+        if k >= len(self.expected):
+            raise RuntimeError(
+                f"the module ran dropout #{k + 1} (shape {shape}, p={p}) but its exported graph has "
+                f"{len(self.expected)}; the module's forward differs between calls (capture it again)")
+        want, want_p = self.expected[k]
+        if tuple(want) != tuple(shape) or abs(want_p - p) > 1e-12:
+            raise RuntimeError(f"dropout #{k + 1}: the module drops a {tuple(shape)} tensor with p={p}, its graph "
+                               f"a {tuple(want)} one with p={want_p}; the forward differs from the captured one")
+        self.k += 1
+        return dropout_factors(self.seed, k, shape, p)
+
+    def _handle(self, func, args, kwargs):
+        import torch
+        import torch.nn.functional as F
+
+        from gradcheck.backends import torch_ops
+
+        if self.pinning and any(func is f for f in _relus()):
+            return ops.relu(args[0] if args else kwargs["input"])
+        if self.pinning and func is F.max_pool2d:
+            names = ("input", "kernel_size", "stride", "padding", "dilation", "ceil_mode", "return_indices")
+            bound = _bind(names, (None, None, None, 0, 1, False, False), args, kwargs)
+            if bound["dilation"] in (1, (1, 1), [1, 1]) and not bound["ceil_mode"] and not bound["return_indices"]:
+                return ops.max_pool2d(bound["input"], bound["kernel_size"], bound["stride"] or bound["kernel_size"],
+                                      bound["padding"])
+        if func is F.dropout:
+            bound = _bind(("input", "p", "training", "inplace"), (None, 0.5, True, False), args, kwargs)
+            x, p = bound["input"], float(bound["p"])
+            if bound["training"] and p > 0:
+                factors = torch.as_tensor(self._next(tuple(x.shape), p), dtype=x.dtype, device=x.device)
+                return x * factors
+            return func(*args, **kwargs)
+        if func is F.scaled_dot_product_attention:
+            names = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
+            bound = _bind(names, (None, None, None, None, 0.0, False, None, False), args, kwargs)
+            p = float(bound["dropout_p"] or 0.0)
+            if p > 0:
+                q, k = bound["query"], bound["key"]
+                shape = tuple(np.broadcast_shapes(tuple(q.shape[:-2]), tuple(k.shape[:-2]))) + (q.shape[-2],
+                                                                                                 k.shape[-2])
+                return torch_ops.scaled_dot_product_attention(
+                    q, k, bound["value"], attn_mask=bound["attn_mask"], dropout_mask=self._next(shape, p),
+                    is_causal=bool(bound["is_causal"]), scale=bound["scale"])
+            return func(*args, **kwargs)
+        if func in (F.dropout1d, F.dropout2d, F.dropout3d, F.alpha_dropout, F.feature_alpha_dropout):
+            bound = _bind(("input", "p", "training", "inplace"), (None, 0.5, False, False), args, kwargs)
+            if bound["training"] and bound["p"] > 0:
+                raise NotImplementedError(
+                    f"{func.__name__} in training mode: gradcheck gives every backend the same dropout mask, "
+                    "and only F.dropout and attention dropout take one; check the module with mode='eval', or "
+                    "use nn.Dropout")
+        return func(*args, **kwargs)
+
+    def finish(self):
+        if self.k != len(self.expected):
+            raise RuntimeError(f"the module ran {self.k} dropouts but its exported graph has {len(self.expected)}; "
+                               "the forward differs from the captured one")
+
+
+@functools.cache
+def _relus() -> tuple:
+    """The relu entry points a torch module calls, as the function mode sees them."""
+    import torch
+    import torch.nn.functional as F
+
+    return (F.relu, torch.relu, torch.relu_, torch.Tensor.relu, torch.Tensor.relu_)
+
+
+def _bind(names, defaults, args, kwargs) -> dict:
+    bound = dict(zip(names, defaults))
+    bound.update(zip(names, args))
+    bound.update(kwargs)
+    return bound
