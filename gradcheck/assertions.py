@@ -83,7 +83,8 @@ def reset_context(token) -> None:
 
 # ---------------------------------------------------------------- the check
 def check_gradients(model, *inputs, forward=None, loss=None, backends=None, rtol=None, atol=None, dtype=None,
-                    seed=None, mode=None, referee=None, imprecise=None, name=None):
+                    seed=None, mode=None, referee=None, imprecise=None, name=None, order=None, steps=None,
+                    optimizer=None, lr=None):
     """Cross-check the gradients of ``model`` at ``inputs``; returns the CaseResult without raising.
 
     See :func:`assert_gradients_agree` for the arguments.  Raises
@@ -91,14 +92,16 @@ def check_gradients(model, *inputs, forward=None, loss=None, backends=None, rtol
     anything (see ``gradcheck.settings.require_comparison``).
     """
     __tracebackhide__ = True
+    from gradcheck import export
     from gradcheck.case import Case
     from gradcheck.module import Module
     from gradcheck.runner import run_case
 
-    if not isinstance(model, Module):
+    torch_module = export.is_torch_module(model)
+    if not torch_module and not isinstance(model, Module):
         raise TypeError(
-            f"assert_gradients_agree: model is a {type(model).__name__}; pass a gradcheck Module "
-            "(a layer from gradcheck.layers or your own Module subclass)"
+            f"assert_gradients_agree: model is a {type(model).__name__}; pass a torch.nn.Module or a gradcheck "
+            "Module (a layer from gradcheck.layers or your own Module subclass)"
         )
     if forward is not None and loss is not None:
         raise TypeError("assert_gradients_agree: pass forward= or loss= (the same thing), not both")
@@ -107,23 +110,28 @@ def check_gradients(model, *inputs, forward=None, loss=None, backends=None, rtol
         raise TypeError("assert_gradients_agree: no inputs; call it as assert_gradients_agree(model, x, ...)")
     ctx = current_context()
     call = from_values(dict(backends=backends, rtol=rtol, atol=atol, dtype=dtype, seed=seed, mode=mode,
-                            referee=referee, imprecise=imprecise), "assert_gradients_agree",
+                            referee=referee, imprecise=imprecise, order=order, steps=steps, optimizer=optimizer,
+                            lr=lr), "assert_gradients_agree",
                        rule_name="assert_gradients_agree arguments")
     settings = call.over(ctx.settings) if ctx else call
     _require_comparison(settings)
 
+    case_mode = settings.mode if settings.mode is not None else ("train" if model.training else "eval")
+    case_name = ctx.next_name(name) if ctx else (name or type(model).__name__)
+    seed = settings.seed if settings.seed is not None else 0
+    if torch_module:  # checked as it is: torch runs the module, the tape and jax its torch.export graph
+        case = export.from_torch(model, *inputs, forward=forward, name=case_name, mode=case_mode, seed=seed,
+                                 dtype=settings.dtype)
+        result = run_case(case, _options(settings, ctx))
+        if ctx and ctx.record:
+            ctx.record(result)
+        return result
     modules = list(model.modules())
     was_training = [m.training for m in modules]
-    if settings.mode is not None:
-        case_mode = settings.mode
-    else:
-        case_mode = "train" if model.training else "eval"
     case_dtype = settings.dtype or _model_dtype(model)
     arrays = tuple(_to_numpy(x) for x in inputs)
-    case_name = ctx.next_name(name) if ctx else (name or type(model).__name__)
     case = Case(name=case_name, build=lambda rng: model, inputs=lambda rng: arrays, dtype=case_dtype,
-                mode=case_mode, seed=settings.seed if settings.seed is not None else 0, forward=forward,
-                model=type(model).__name__)
+                mode=case_mode, seed=seed, forward=forward, model=type(model).__name__)
 
     try:
         result = run_case(case, _options(settings, ctx))
@@ -164,7 +172,8 @@ def _options(settings: Settings, ctx: CheckContext | None):
 
 
 def assert_gradients_agree(model, *inputs, forward=None, loss=None, backends=None, rtol=None, atol=None,
-                           dtype=None, seed=None, mode=None, referee=None, imprecise=None, name=None):
+                           dtype=None, seed=None, mode=None, referee=None, imprecise=None, name=None, order=None,
+                           steps=None, optimizer=None, lr=None):
     """Assert that every backend computes the same gradients of ``model`` at ``inputs``.
 
     * ``model``: a built gradcheck ``Module``; ``inputs``: numpy arrays (or
@@ -190,6 +199,9 @@ def assert_gradients_agree(model, *inputs, forward=None, loss=None, backends=Non
     * ``imprecise``: ``warn`` (default) or ``fail``: whether a float32
       result too far from float64 fails the check.
     * ``name``: the case name in reports (default: the test id in pytest).
+    * ``order``: 2 checks Hessian-vector products per leaf too (``gradcheck.second_order``).
+    * ``steps``, ``optimizer`` (``sgd``/``adam``), ``lr``: train each backend's copy for ``steps``
+      optimiser steps and compare the trajectories (``gradcheck.trajectory``).
 
     Returns the :class:`gradcheck.results.CaseResult` when the gradients
     agree; raises :class:`GradientsDisagree` (an AssertionError) whose first
@@ -198,7 +210,8 @@ def assert_gradients_agree(model, *inputs, forward=None, loss=None, backends=Non
     """
     __tracebackhide__ = True
     result = check_gradients(model, *inputs, forward=forward, loss=loss, backends=backends, rtol=rtol, atol=atol,
-                             dtype=dtype, seed=seed, mode=mode, referee=referee, imprecise=imprecise, name=name)
+                             dtype=dtype, seed=seed, mode=mode, referee=referee, imprecise=imprecise, name=name,
+                             order=order, steps=steps, optimizer=optimizer, lr=lr)
     if result.failed:
         raise GradientsDisagree(format_failure(result), result)
     return result

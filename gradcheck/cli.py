@@ -9,6 +9,7 @@ option or config), 3 internal error (a bug in gradcheck: please report it),
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import shlex
 import shutil
@@ -42,10 +43,17 @@ def build_parser() -> argparse.ArgumentParser:
                          "returning a Case or a list of Cases (the current folder is importable).")
     run.add_argument("targets", nargs="+", metavar="TARGET")
     # Values are checked by gradcheck.settings, which says the same about them as the config file does.
-    for name in ("backends", "dtype", "seed", "mode", "referee", "imprecise", "rtol", "atol", "output"):
+    for name in ("backends", "dtype", "seed", "mode", "referee", "imprecise", "rtol", "atol", "output", "order",
+                 "steps", "optimizer", "lr"):
         key = KEYS[name]
         run.add_argument(f"--{name}", metavar=key.metavar, help=key.help
                          + (f" {{{','.join(key.choices)}}}" if key.choices else ""))
+    run.add_argument("--per-layer", action="store_true",
+                     help="replay every layer alone on every backend even when the model agrees (a disagreeing "
+                          "case is always replayed, to find the layer where it starts)")
+    run.add_argument("--repro", metavar="DIR",
+                     help="write a standalone reproducer (inputs, parameters, cotangent, one script per framework) "
+                          "of each disagreement's origin layer here")
     run.add_argument("--batch", metavar="N", help="batch size for model targets")
     run.add_argument("--input-shape", help="per-example input shape for model targets, e.g. 3x224x224")
     run.add_argument("-k", dest="keyword", help="only cases whose name contains this (case-insensitive)")
@@ -132,8 +140,13 @@ def cmd_run(args) -> int:
         return EXIT_OK
 
     paths, results_path = _output_paths(args, settings.output)
+    if args.repro is not None:
+        from gradcheck import output
+
+        output.check_folder(args.repro, "--repro")
     command = "gradcheck " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:] else "gradcheck run"
-    options = settings.run_options(replay=targets.replay(args.targets, settings))
+    options = dataclasses.replace(settings.run_options(replay=targets.replay(args.targets, settings)),
+                                  per_layer=args.per_layer, repro=args.repro)
     env = runner.environment(seed=settings.seed if settings.seed is not None else 0, command=command)
     progress = Progress(len(selected), quiet=args.quiet)
     started = time.perf_counter()

@@ -144,7 +144,7 @@ class Origin:
 @dataclass
 class LeafResult:
     path: str  # dotted, as torch names it: "layer1.0.conv1.weight", "input", "output"
-    role: str  # "param", "input", "output" (forward value), "buffer" (updated state)
+    role: str  # "param", "input", "output" (forward value), "buffer" (updated state), "hvp" (a Hessian-vector product, path "hvp:<param>")
     layer: str = ""  # the owning layer's type, e.g. "Conv2d"
     shape: list[int] = field(default_factory=list)
     dtype: str = ""
@@ -164,6 +164,9 @@ class LeafResult:
     # backend -> max |a - b| / max |a| between two calls on the same inputs (float32; float64 for a float64-only
     # case), where they differ at all
     nondeterministic: dict[str, float] = field(default_factory=dict)
+    # backend -> why it gave no value for this leaf although it ran (role "hvp": "tape: max_pool2d has no second
+    # derivative"); such a backend is neither compared nor blamed on this leaf
+    unavailable: dict[str, str] = field(default_factory=dict)
 
     @property
     def headroom(self) -> float:
@@ -180,6 +183,43 @@ class Timing:
     first: float | None = None  # seconds, first float32 call (includes compilation: time to first gradient)
     second: float | None = None  # seconds, a second float32 call (backends that compile only; None for eager ones)
     float64: float | None = None  # seconds, the float64 call (compilation included)
+
+
+@dataclass
+class SecondOrder:
+    """How a case's second order was checked (``gradcheck.second_order``); its leaves are ``role == "hvp"``.
+
+    Each backend's Hessian-vector product ``H v`` (the gradient of ``<grad f, v>``) for one random
+    direction ``v`` over every trainable leaf, compared leaf by leaf like first order; the referee is
+    float64 central differences of each backend's own float64 gradient along ``v``.
+    """
+
+    backends: list[str] = field(default_factory=list)  # the backends that gave a Hessian-vector product
+    # backend -> why it cannot differentiate twice here ("tape: max_pool2d has no second derivative")
+    unavailable: dict[str, str] = field(default_factory=dict)
+    referee: str = ""  # how the second-order leaves were refereed ("" when the referee was off)
+    referee_passes: int = 0  # float64 gradient evaluations the referee spent, over all backends
+    timings: dict[str, Timing] = field(default_factory=dict)  # per backend: float64 (and first: float32) HVP call
+
+
+@dataclass
+class Trajectory:
+    """N optimiser steps per backend from the same start on the same batches (``gradcheck.trajectory``)."""
+
+    steps: int = 0
+    optimizer: str = "sgd"  # "sgd" or "adam"
+    lr: float = 0.0
+    # backend -> the loss at its parameters after k steps, k = 0 .. steps (k = 0: the start), on batch k + 1
+    losses: dict[str, list[float]] = field(default_factory=dict)
+    # per step k = 1 .. steps: the largest headroom of any parameter, buffer or loss compared across backends
+    headroom: list[float] = field(default_factory=list)
+    parted: int | None = None  # the first step after which the backends part beyond tolerance (None: never)
+    verdict: str = "agree"  # "agree", "disagree" (parted), "error"
+    blame: list[str] = field(default_factory=list)  # the backends that left the others (by majority)
+    message: str = ""
+    leaves: list[LeafResult] = field(default_factory=list)  # parameters and buffers after the last step, float64
+    errors: dict[str, str] = field(default_factory=dict)  # backend -> what raised (and at which step)
+    seconds: dict[str, float] = field(default_factory=dict)  # backend -> seconds for all its steps
 
 
 @dataclass
@@ -207,6 +247,8 @@ class CaseResult:
     imprecise: str = "warn"  # "warn" or "fail"
     kinks: list[KinkReport] = field(default_factory=list)
     origin: Origin | None = None  # where the disagreement starts, when a per-layer replay ran
+    second_order: SecondOrder | None = None  # how second order was checked (--order 2); its leaves are role "hvp"
+    trajectory: Trajectory | None = None  # training-step trajectories (--steps N)
 
     @property
     def failed(self) -> bool:
@@ -272,6 +314,10 @@ _NESTED = {
     (CaseResult, "origin"): ("one", Origin),
     (CaseResult, "leaves"): ("list", LeafResult),
     (CaseResult, "timings"): ("dict", Timing),
+    (CaseResult, "second_order"): ("one", SecondOrder),
+    (CaseResult, "trajectory"): ("one", Trajectory),
+    (SecondOrder, "timings"): ("dict", Timing),
+    (Trajectory, "leaves"): ("list", LeafResult),
     (RunResult, "cases"): ("list", CaseResult),
 }
 

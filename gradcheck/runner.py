@@ -35,10 +35,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from gradcheck import cost, kinks, module, ops, verdict
+from gradcheck import cost, kinks, localise, module, ops, repro, second_order, trajectory, verdict
 from gradcheck import referee as ref
 from gradcheck.backends import get_backend
-from gradcheck.backends.base import all_leaves
+from gradcheck.backends.base import BackendUnavailable, all_leaves
 from gradcheck.case import Case, cast_floats, materialise
 from gradcheck.compare import MISSING, compare_leaf, first_in_backward_order, order
 from gradcheck.results import (
@@ -69,10 +69,17 @@ class RunOptions:
     repeat: bool = True
     imprecise: str = "warn"  # whether a float32 result too far from float64 fails the case ("fail") or warns
     replay: Callable[[Case], str] | None = None  # command line that re-runs one case
+    per_layer: bool = False  # replay every layer alone even when the model agrees (gradcheck.localise)
+    repro: str | None = None  # a folder: write a standalone reproducer of each disagreement's origin layer
+    order: int = 1  # 2: Hessian-vector products per leaf too (gradcheck.second_order)
+    steps: int = 0  # N > 0: N optimiser steps per backend from the same start (gradcheck.trajectory)
+    optimizer: str = "sgd"  # "sgd" or "adam", written once in float64 (gradcheck.trajectory.OPTIMIZERS)
+    lr: float | None = None  # None: the optimizer's default (gradcheck.trajectory.DEFAULT_LR)
 
     def __post_init__(self):
         if self.imprecise not in verdict.IMPRECISE_POLICIES:
             raise ValueError(f"imprecise={self.imprecise!r}; expected one of {', '.join(verdict.IMPRECISE_POLICIES)}")
+        trajectory.check_options(self.order, self.steps, self.optimizer, self.lr)
 
 
 def input_prefixes(n: int) -> tuple[str, ...]:
@@ -135,6 +142,20 @@ class CaseRun:
 
         return f
 
+    def check_unchanged(self, backend: str, before: dict, res: CaseResult) -> None:
+        """Report a backend that changed the arrays it was handed, and give the case its values back."""
+        for key, attr in (("64", "args64"), ("32", "args32")):
+            if key not in before:
+                continue
+            changed = localise.check_unchanged(before[key], getattr(self, attr), self.prefixes)
+            if changed:
+                res.errors[f"{backend} (mutates its inputs)"] = (
+                    f"{backend} changed what it was handed in its float{key} call (a backend or layer writing "
+                    "into its inputs or parameters): " + "; ".join(changed[:5]))
+                setattr(self, attr, localise.restored(getattr(self, attr), before[key], self.prefixes))
+        self.model = self.args64[0]
+        self.leaves64 = {leaf.path: leaf.value for leaf in all_leaves(self.args64, self.prefixes)}
+
     def loss64(self, replaced: dict) -> tuple[float, int]:
         """The float64 loss with some leaves replaced, and how many kink decisions differ from the reference's."""
         args = [replace_leaves(a, replaced, p) for a, p in zip(self.args64, self.prefixes)]
@@ -181,6 +202,15 @@ def run_case(case: Case, options: RunOptions | None = None) -> CaseResult:
         res.errors["case"] = _nothing_compared([b for b in options.backends if b in res.timings], options.referee)
         res.verdict = "error"
     res.first_disagreement = first_in_backward_order(res.leaves)
+    if runs:  # where a disagreement starts: each layer replayed alone (only when needed, unless per_layer)
+        localise.localise(cr, runs, res, options)
+        if options.repro and res.origin is not None and res.origin.path:
+            folders = repro.write_repro(options.repro, cr, res)
+            res.notes += [f"reproducer for {res.origin.path}: {f}" for f in folders]
+    if runs and options.order > 1:  # Hessian-vector products, leaves of role "hvp"
+        second_order.check(cr, runs, options, res)
+    if runs and options.steps:  # N optimiser steps per backend
+        trajectory.check(cr, runs, options, res)
     return res
 
 
@@ -201,42 +231,57 @@ def _run_backends(cr: CaseRun, options: RunOptions, res: CaseResult) -> dict[str
     f64 = cr.loss_fn(cr.cotangents64)
     f32 = cr.loss_fn(cr.cotangents32)
     runs: dict[str, BackendRun] = {}
+    # What every backend is handed must come back unchanged: one that writes into its inputs or parameters
+    # is reported, and the next backend gets the case's values again.
+    before = {"64": localise.snapshot(cr.args64, cr.prefixes)}
+    if cr.args32 is not None:
+        before["32"] = localise.snapshot(cr.args32, cr.prefixes)
     for name in options.backends:
-        driver = get_backend(name)
-        ok, why = driver.available()
-        if not ok:
-            res.unavailable[name] = why
-            continue
-        timing = res.timings[name] = Timing()
-        try:
-            t0 = time.perf_counter()
-            run = BackendRun(driver.evaluate(f64, cr.args64, cr.prefixes))
-            timing.float64 = time.perf_counter() - t0
-        except Exception as exc:
-            res.errors[name] = short_error(exc)
-            continue
-        runs[name] = run
-        if cr.args32 is None:  # a float64-only case: its float64 calls are the ones timed
-            timing.first = timing.float64
-            if options.repeat:
-                try:
-                    t0 = time.perf_counter()
-                    run.again = driver.evaluate(f64, cr.args64, cr.prefixes)
-                    timing.second = time.perf_counter() - t0 if driver.compiles else None
-                except Exception as exc:
-                    res.errors[name] = "a second call failed where the first did not: " + short_error(exc)
-            continue
-        try:
-            t0 = time.perf_counter()
-            run.ev32, run.crossed = _float32(driver, f32, cr, res, name)
-            timing.first = time.perf_counter() - t0
-            if options.repeat:
-                t0 = time.perf_counter()
-                run.again = _float32(driver, f32, cr, res, name)[0]
-                timing.second = time.perf_counter() - t0 if driver.compiles else None
-        except Exception as exc:
-            res.errors[f"{name} (float32)"] = short_error(exc)
+        _evaluate_backend(name, cr, options, res, runs, f64, f32)
+        cr.check_unchanged(name, before, res)
     return runs
+
+
+def _evaluate_backend(name, cr: CaseRun, options: RunOptions, res: CaseResult, runs: dict, f64, f32) -> None:
+    """One backend: float64 (and a second call for a float64-only case), then float32 pinned, and again."""
+    driver = get_backend(name)
+    ok, why = driver.available()
+    if not ok:
+        res.unavailable[name] = why
+        return
+    timing = res.timings[name] = Timing()
+    try:
+        t0 = time.perf_counter()
+        run = BackendRun(driver.evaluate(f64, cr.args64, cr.prefixes))
+        timing.float64 = time.perf_counter() - t0
+    except BackendUnavailable as exc:  # this case needs what the backend lacks (an op without a lowering)
+        res.unavailable[name] = str(exc)
+        del res.timings[name]
+        return
+    except Exception as exc:
+        res.errors[name] = short_error(exc)
+        return
+    runs[name] = run
+    if cr.args32 is None:  # a float64-only case: its float64 calls are the ones timed
+        timing.first = timing.float64
+        if options.repeat:
+            try:
+                t0 = time.perf_counter()
+                run.again = driver.evaluate(f64, cr.args64, cr.prefixes)
+                timing.second = time.perf_counter() - t0 if driver.compiles else None
+            except Exception as exc:
+                res.errors[name] = "a second call failed where the first did not: " + short_error(exc)
+        return
+    try:
+        t0 = time.perf_counter()
+        run.ev32, run.crossed = _float32(driver, f32, cr, res, name)
+        timing.first = time.perf_counter() - t0
+        if options.repeat:
+            t0 = time.perf_counter()
+            run.again = _float32(driver, f32, cr, res, name)[0]
+            timing.second = time.perf_counter() - t0 if driver.compiles else None
+    except Exception as exc:
+        res.errors[f"{name} (float32)"] = short_error(exc)
 
 
 def _float32(driver, f32, cr: CaseRun, res: CaseResult, name: str):

@@ -32,6 +32,10 @@ from dataclasses import dataclass, field, replace
 
 from gradcheck.verdict import IMPRECISE_POLICIES
 
+# gradcheck.trajectory.OPTIMIZERS and .ORDERS (that module imports numpy; this one stays light)
+OPTIMIZERS = ("sgd", "adam")
+ORDERS = (1, 2)
+
 
 class SettingsError(ValueError):
     """A setting that cannot be used; the message names where it came from, the value and the fix."""
@@ -44,7 +48,7 @@ class NothingToCompare(SettingsError):
 @dataclass(frozen=True)
 class Key:
     name: str
-    kind: str  # how values are checked: "backends", "choice", "seed", "number", "path", "table"
+    kind: str  # how values are checked: "backends", "choice", "seed", "number", "positive", "order", "path", "table"
     metavar: str
     help: str
     choices: tuple[str, ...] = ()
@@ -78,6 +82,16 @@ KEYS: dict[str, Key] = {k.name: k for k in (
     Key("imprecise", "choice", "WHAT",
         "a float32 result too far from float64: warn (default) or fail the case", IMPRECISE_POLICIES,
         example="fail"),
+    Key("order", "order", "N",
+        "1 (default): gradients; 2: Hessian-vector products per leaf too, compared across backends like "
+        "gradients and refereed by central differences of each backend's own gradient", example=2),
+    Key("steps", "seed", "N",
+        "N > 0: each backend trains its own copy for N optimiser steps from the same start on the same batches; "
+        "losses per step, the parameters after N steps and the step where the trajectories part (default 0)",
+        example=3),
+    Key("optimizer", "choice", "NAME", "the optimiser of --steps, written once in float64: sgd (default) or adam",
+        OPTIMIZERS, example="adam"),
+    Key("lr", "positive", "X", "learning rate of --steps (default: sgd 0.01, adam 0.001)", example=1e-3),
     Key("referee_budget_s", "number", "SECONDS",
         "referee auto: check every leaf apart when that is estimated to fit in this many seconds (default 20)",
         example=20, check=False),
@@ -127,6 +141,10 @@ class Settings:
     referee: str | None = None
     mode: str | None = None
     imprecise: str | None = None
+    order: int | None = None
+    steps: int | None = None
+    optimizer: str | None = None
+    lr: float | None = None
     referee_budget_s: float | None = None
     output: str | None = None
     # The [tool.gradcheck.tolerance] table and where it came from.
@@ -164,7 +182,8 @@ class Settings:
         """The runner's options; what no layer set keeps ``RunOptions``' own default."""
         from gradcheck.runner import RunOptions
 
-        given = {k: getattr(self, k) for k in ("referee", "referee_budget_s", "imprecise")
+        given = {k: getattr(self, k) for k in ("referee", "referee_budget_s", "imprecise", "order", "steps",
+                                               "optimizer", "lr")
                  if getattr(self, k) is not None}
         return RunOptions(backends=self.backends_or_default(), rules=self.rules(), repeat=repeat, replay=replay,
                           **given)
@@ -209,6 +228,16 @@ def _check(key: Key, value, where: str, spell: Spell, text: bool):
         return non_negative_int(value, said, example, text)
     if key.kind == "number":
         return non_negative_number(value, said, example, text)
+    if key.kind == "positive":
+        number = non_negative_number(value, said, example, text)
+        if number == 0:
+            raise SettingsError(f"{said}: must be a finite number > 0, e.g. {example}")
+        return number
+    if key.kind == "order":
+        n = non_negative_int(value, said, example, text, least=1)
+        if n not in ORDERS:
+            raise SettingsError(f"{said}: must be 1 (gradients) or 2 (Hessian-vector products too), e.g. {example}")
+        return n
     if key.kind == "path":
         if not isinstance(value, str) or not value.strip():
             raise SettingsError(f"{said}: must be a path (a non-empty string), e.g. {example}")

@@ -185,8 +185,8 @@ def _call(fn, target: str, request: Request) -> list[Case]:
         raise TargetError(
             f"target {target!r}: {attr} gave {type(made).__name__}"
             + (" (empty)" if isinstance(made, (list, tuple)) and not made else "")
-            + "; it must be (or return) a gradcheck Case, a list of Cases, a (torch.nn.Module, inputs) pair, "
-              "or a list of those"
+            + "; it must be (or return) a gradcheck Case, a non-empty list of Cases, a (torch.nn.Module, inputs) "
+              "pair, or a non-empty list of those"
         )
     return list(cases)
 
@@ -241,10 +241,11 @@ def replay(names: list[str], settings):
     base = "gradcheck run " + " ".join(shlex.quote(n) for n in names)
     if settings.seed is not None:
         base += f" --seed {settings.seed}"
-    for key in ("backends", "mode", "referee", "imprecise"):
+    for key in ("backends", "mode", "referee", "imprecise", "order", "steps", "optimizer", "lr"):
         value = getattr(settings, key)
         if value is not None:
-            base += f" --{key} {shlex.quote(value if isinstance(value, str) else ','.join(value))}"
+            text = ",".join(value) if isinstance(value, tuple) else str(value)
+            base += f" --{key} {shlex.quote(text)}"
 
     def command(case) -> str:
         return f"{base} --dtype {case.dtype} -k {shlex.quote(case.name)}"

@@ -50,7 +50,7 @@ from ._common import (
     write_text,
 )
 from .cards import leaf_card
-from .svg import float32_svg, timings_svg
+from .svg import float32_svg, loss_svg, timings_svg
 from .text import (
     HEADLINE,
     case_failure,
@@ -59,8 +59,12 @@ from .text import (
     imprecise_sentence,
     kink_counts,
     kink_sentence,
+    loss_sentence,
     origin_sentence,
     run_sentence,
+    second_order_sentence,
+    trajectory_head,
+    trajectory_steps,
     unavailable_notices,
     vacuous_head,
 )
@@ -116,10 +120,24 @@ def _f32_backends(case: CaseResult) -> list[str]:
                               + [b for x in leaves for b in x.float32.errors]))
 
 
+def _first_order(case: CaseResult) -> list:
+    return [leaf for leaf in case.leaves if leaf.role != "hvp"]
+
+
+def _hvp_slots(run: RunResult) -> dict[int, int]:
+    """Case index -> the index of its second-order table's rows in the page's data (after every case's own)."""
+    slots = {}
+    for c, case in enumerate(run.cases):
+        if any(leaf.role == "hvp" for leaf in case.leaves):
+            slots[c] = len(run.cases) + len(slots)
+    return slots
+
+
 def _data(run: RunResult, anchors: dict[int, str]) -> dict:
-    cases = []
+    cases, second = [], []
     for case in run.cases:
         rows = []
+        hvp_rows = []
         for i, leaf in enumerate(case.leaves):
             n = LeafNumbers.of(leaf)
             f = leaf.float32
@@ -132,9 +150,13 @@ def _data(run: RunResult, anchors: dict[int, str]) -> dict:
                          "q": worst[1] if worst else None, "m": f.limit if f is not None else None,
                          "w": list(f.imprecise) if f is not None else [], "F": leaf.failing,
                          "n": bool(getattr(leaf, "inherited", False))})
+            if leaf.role == "hvp":  # second order has a table of its own
+                hvp_rows.append(rows.pop())
         cases.append({"name": case.name, "rows": rows})
+        if hvp_rows:
+            second.append({"name": f"{case.name} (second order)", "rows": hvp_rows})
     return {"verdicts": list(VERDICTS), "f32verdicts": list(FLOAT32_VERDICTS),
-            "symbols": SYMBOL, "cases": cases}
+            "symbols": SYMBOL, "cases": cases + second}
 
 
 # ---------------------------------------------------------------- header
@@ -273,12 +295,14 @@ def _overview(run: RunResult) -> str:
             f"<thead>{head}</thead><tbody>{''.join(rows)}</tbody></table></div></section>")
 
 
-def _leaf_table(c: int, case: CaseResult) -> str:
-    present = [v for v in VERDICTS if case.count(v)] + sorted({x.verdict for x in case.leaves} - set(VERDICTS))
-    vopts = "".join(f"<option value='{e(v)}'>{e(v)} ({case.count(v)})</option>" for v in present)
-    names = list(dict.fromkeys([*case.backends, *(b for leaf in case.leaves for b in leaf.blame)]))
+def _leaf_table(c: int, case: CaseResult, leaves: list | None = None) -> str:
+    leaves = _first_order(case) if leaves is None else leaves
+    count = {v: sum(1 for x in leaves if x.verdict == v) for v in {x.verdict for x in leaves}}
+    present = [v for v in VERDICTS if count.get(v)] + sorted(set(count) - set(VERDICTS))
+    vopts = "".join(f"<option value='{e(v)}'>{e(v)} ({count[v]})</option>" for v in present)
+    names = list(dict.fromkeys([*case.backends, *(b for leaf in leaves for b in leaf.blame)]))
     bopts = "".join(f"<option value='{e(b)}'>{e(b)}</option>" for b in names)
-    f32 = [leaf.float32.verdict for leaf in case.leaves if leaf.float32 is not None]
+    f32 = [leaf.float32.verdict for leaf in leaves if leaf.float32 is not None]
     f32opts = "".join(f"<option value='{e(v)}'>{e(v)} ({f32.count(v)})</option>"
                       for v in [*FLOAT32_VERDICTS, *sorted(set(f32) - set(FLOAT32_VERDICTS))] if v in f32)
     f32b = _f32_backends(case)
@@ -345,6 +369,67 @@ def _precision(case: CaseResult, anchors: dict[int, str]) -> str:
     return f"<section class='precision'>{''.join(body)}</section>"
 
 
+def _second_order(slot: int | None, case: CaseResult) -> str:
+    """The second-order leaves' own section: what was checked, who could not, and their table."""
+    so = getattr(case, "second_order", None)
+    if so is None:
+        return ""
+    hv = [leaf for leaf in case.leaves if leaf.role == "hvp"]
+    body = ["<h3>Second order <span class='sub'>Hessian-vector products H·v per leaf, for one random direction v "
+            "(rows hvp:&lt;leaf&gt;); float64 decides, float32 is measured</span></h3>",
+            f"<p>{e(second_order_sentence(case))}.</p>"]
+    if so.referee:
+        body.append(f"<p class='muted small'>Referee: {e(so.referee)} ({so.referee_passes} gradient calls).</p>")
+    if so.unavailable:
+        body.append("<ul class='plain'>" + "".join(
+            f"<li>{badge('skipped')} {e(why)}: its second order is not compared</li>" for why in so.unavailable.values())
+            + "</ul>")
+    if hv and slot is not None:
+        body.append(_leaf_table(slot, case, hv))
+    return f"<section class='second-order'>{''.join(body)}</section>"
+
+
+def _trajectory(case: CaseResult) -> str:
+    """The training trajectories: the sentence, the loss plot, the loss per step, the leaves that parted."""
+    traj = getattr(case, "trajectory", None)
+    if traj is None:
+        return ""
+    cls = vclass(traj.verdict if traj.verdict in ("agree", "disagree", "error") else "error")
+    body = ["<h3>Training trajectory <span class='sub'>each backend trains its own copy from the same start on "
+            "the same batches; the optimiser runs in float64, the same code for every backend</span></h3>",
+            f"<div class='callout {cls}'>{badge(traj.verdict)} {e(trajectory_head(traj))}</div>"]
+    chart = loss_svg(traj)
+    steps = trajectory_steps(traj, limit=40)
+    names = list(traj.losses)
+    head = "".join(f"<th>{e(b)}</th>" for b in names)
+    rows = []
+    for k in steps:
+        cells = "".join(f"<td class='n'>{e(_loss_cell(traj.losses[b], k))}</td>" for b in names)
+        mark = " class=bad" if traj.parted is not None and k >= traj.parted else ""
+        hr = fmt(traj.headroom[k - 1]) if 0 < k <= len(traj.headroom) else "—"
+        rows.append(f"<tr{mark}><td class='n'>{k}</td>{cells}<td class='n'>{e(hr)}</td></tr>")
+    table = (f"<div class='tw'><table class='losses'><thead><tr><th>step</th>{head}<th>headroom</th></tr></thead>"
+             f"<tbody>{''.join(rows)}</tbody></table></div>")
+    body.append(f"<div class='two'><div class='chart'>{chart}</div><div>{table}"
+                f"<p class='muted small'>{e(loss_sentence(traj, len(traj.headroom)))}</p></div></div>")
+    off = [leaf for leaf in traj.leaves if leaf.verdict != "agree"]
+    agree = len(traj.leaves) - len(off)
+    body.append(f"<p>After {traj.steps} step{'s' if traj.steps != 1 else ''}: {agree} of {len(traj.leaves)} "
+                "parameters and buffers agree in float64.</p>")
+    if off:
+        body.append("<ul class='plain'>" + "".join(
+            f"<li>{badge(leaf.verdict)} <span class='path'>{e(leaf.path)}</span> "
+            f"<span class='blame'>{e(', '.join(leaf.blame) or '—')}</span> "
+            f"<span class='small'>{e(leaf.message)}</span></li>" for leaf in off[:20]) + "</ul>")
+    for b, text in traj.errors.items():
+        body.append(f"<p>{badge('error')} <b>{e(b)}</b>: {e(text.splitlines()[0] if text else '')}</p>")
+    return f"<section class='trajectory'>{''.join(body)}</section>"
+
+
+def _loss_cell(losses: list, k: int) -> str:
+    return f"{losses[k]:.10g}" if k < len(losses) else "—"
+
+
 def _vacuous(case: CaseResult) -> str:
     vac = vacuous_leaves(case)
     if not vac or case.verdict == "vacuous":
@@ -356,7 +441,7 @@ def _vacuous(case: CaseResult) -> str:
             f"<ul class='plain'>{items}</ul></div>")
 
 
-def _case(c: int, case: CaseResult, anchors: dict[int, str], alone: bool = False) -> str:
+def _case(c: int, case: CaseResult, anchors: dict[int, str], alone: bool = False, hvp_slot: int | None = None) -> str:
     failing = failing_leaves(case)
     warned = imprecise_leaves(case)
     meta = " · ".join(x for x in (
@@ -392,12 +477,14 @@ def _case(c: int, case: CaseResult, anchors: dict[int, str], alone: bool = False
                     f"{e(case.replay)}</pre><button type='button' data-copy='replay-{c}'>Copy</button></div>")
     if case.leaves:
         timing = timings_svg(case)
-        body.append(f"<div class='two'><div><h3>Model tree</h3>{tree_html(case.leaves, anchors)}</div>"
+        body.append(f"<div class='two'><div><h3>Model tree</h3>{tree_html(_first_order(case), anchors)}</div>"
                     f"<div><h3>Time per backend</h3>{timing or '<p class=muted>not timed</p>'}</div></div>")
         body.append(_precision(case, anchors))
         body.append(f"<h3>Leaves</h3>{_leaf_table(c, case)}")
     elif case.timings:
         body.append(f"<h3>Time per backend</h3>{timings_svg(case)}")
+    body.append(_second_order(hvp_slot, case))
+    body.append(_trajectory(case))
     if failing:
         body.append(f"<h3>Failing leaves ({len(failing)})</h3>")
         body += [leaf_card(leaf, anchors[id(leaf)], opened=k < OPEN_CARDS or leaf.path == case.first_disagreement,
@@ -418,7 +505,9 @@ def render_html(run: RunResult) -> str:
     anchors = _anchors(run)
     status = run_status(run)
     title = f"gradcheck: {status} — {run_sentence(run)}"
-    cases = "".join(_case(c, case, anchors, alone=len(run.cases) == 1) for c, case in enumerate(run.cases))
+    slots = _hvp_slots(run)
+    cases = "".join(_case(c, case, anchors, alone=len(run.cases) == 1, hvp_slot=slots.get(c))
+                    for c, case in enumerate(run.cases))
     if not run.cases:
         cases = f"<section class='panel'><p>{e(run_sentence(run)).capitalize()}.</p></section>"
     version = run.env.get("gradcheck") or ""

@@ -337,3 +337,77 @@ def float32_svg(case: CaseResult, width: int = 820, height: int = 300) -> str:
                      f'<text x="{lx + 215}" y="18" class="ax">kink within reach</text>')
     parts.append("</svg>")
     return "".join(parts)
+
+
+# ---------------------------------------------------------------- training trajectories
+def loss_svg(traj, width: int = 520, height: int = 230) -> str:
+    """One line per backend: its loss after each optimiser step (step 0: the start), on a linear scale.
+
+    A backend's line stops where it failed; the step where the trajectories part is a dashed
+    vertical line.  Lines that coincide are drawn on top of each other with different dashes and
+    markers, so three agreeing backends read as one line with three markers.  Returns "" when
+    there is nothing to draw.
+    """
+    names = [b for b, losses in traj.losses.items() if losses]
+    values = [v for b in names for v in traj.losses[b] if finite(v)]
+    if not names or not values:
+        return ""
+    n = max(len(traj.losses[b]) for b in names)
+    lo, hi = min(values), max(values)
+    if hi - lo <= 1e-12 * max(abs(hi), abs(lo), 1.0):
+        pad = max(abs(hi), 1.0) * 0.05
+        lo, hi = lo - pad, hi + pad
+    left, right, top, bottom = 70, 14, 30, 40
+    pw, ph = width - left - right, height - top - bottom
+
+    def x(k: float) -> float:
+        return left + (k / max(n - 1, 1)) * pw
+
+    def y(v: float) -> float:
+        return top + (hi - v) / (hi - lo) * ph
+
+    part = f"; they part after step {traj.parted}" if traj.parted is not None else "; they agree at every step"
+    label = (f"loss after each of {traj.steps} {traj.optimizer} steps, per backend ({', '.join(names)})" + part)
+    parts = [f'<svg class="losschart" viewBox="0 0 {width} {height}" width="100%" preserveAspectRatio="xMinYMin meet" '
+             f'style="max-width:{width}px" role="img" aria-label="{e(label)}"><title>{e(label)}</title>']
+    for frac in (0.0, 0.25, 0.5, 0.75, 1.0):
+        v = lo + frac * (hi - lo)
+        parts.append(f'<line x1="{left}" y1="{y(v):.1f}" x2="{left + pw}" y2="{y(v):.1f}" stroke="#e3e6ea"/>'
+                     f'<text x="{left - 6}" y="{y(v) + 3:.1f}" class="ax" text-anchor="end">{e(fmt(v, 4))}</text>')
+    bottom_y = top + ph
+    parts.append(f'<line x1="{left}" y1="{top}" x2="{left}" y2="{bottom_y}" stroke="{MUTED}"/>'
+                 f'<line x1="{left}" y1="{bottom_y}" x2="{left + pw}" y2="{bottom_y}" stroke="{MUTED}"/>')
+    step = max(1, math.ceil(n / 12))
+    for k in range(0, n, step):
+        parts.append(f'<text x="{x(k):.1f}" y="{bottom_y + 14}" class="ax" text-anchor="middle">{k}</text>')
+    parts.append(f'<text x="{left + pw / 2:.1f}" y="{height - 6}" class="ax" text-anchor="middle">'
+                 'optimiser steps taken (0: the start)</text>')
+    if traj.parted is not None and 0 <= traj.parted < n:
+        xx = x(traj.parted)
+        parts.append(f'<g class="parted"><title>{e(traj.message)}</title><line x1="{xx:.1f}" y1="{top}" '
+                     f'x2="{xx:.1f}" y2="{bottom_y}" stroke="{LIMIT}" stroke-dasharray="4 3"/>'
+                     f'<text x="{xx + 4:.1f}" y="{top + 10}" class="ax" fill="{LIMIT}">part</text></g>')
+    marks = n <= 60
+    for k, b in enumerate(names):
+        colour, shape, dash = _style(b, k)
+        pts = [(x(i), y(v), v) for i, v in enumerate(traj.losses[b]) if finite(v)]
+        dash_attr = f' stroke-dasharray="{dash}"' if dash else ""
+        parts.append(f'<g class="lossline" data-backend="{e(b)}">')
+        if len(pts) > 1:
+            parts.append(f'<polyline points="{" ".join(f"{px:.1f},{py:.1f}" for px, py, _ in pts)}" fill="none" '
+                         f'stroke="{colour}" stroke-width="1.6"{dash_attr}/>')
+        for i, (px, py, v) in enumerate(pts):
+            if marks:
+                parts.append(_marker(shape, px, py, 2.8, colour) + f"<title>{e(f'{b}, step {i}: {v:.10g}')}</title>"
+                             + _close(shape))
+        parts.append("</g>")
+    lx = left
+    for k, b in enumerate(names):
+        colour, shape, dash = _style(b, k)
+        dash_attr = f' stroke-dasharray="{dash}"' if dash else ""
+        parts.append(f'<g class="legend"><line x1="{lx}" y1="14" x2="{lx + 22}" y2="14" stroke="{colour}" '
+                     f'stroke-width="1.6"{dash_attr}/>' + _marker(shape, lx + 11, 14, 2.6, colour) + _close(shape)
+                     + f'<text x="{lx + 27}" y="18" class="lb">{e(b)}</text></g>')
+        lx += 40 + 8 * len(b)
+    parts.append("</svg>")
+    return "".join(parts)

@@ -37,8 +37,11 @@ from .text import (
     imprecise_sentence,
     kink_sentence,
     leaf_detail,
+    loss_sentence,
     origin_sentence,
     run_sentence,
+    trajectory_head,
+    trajectory_steps,
     unavailable_notices,
     unavailable_sentence,
     vacuous_sentence,
@@ -190,6 +193,10 @@ def _notices(run: RunResult, color: bool) -> list[str]:
             for leaf in imprecise_leaves(case):
                 out.append(f"{_paint('≈ IMPRECISE (warning)', 'imprecise', color)} {name} :: {clean_line(leaf.path)}"
                            f" — {imprecise_sentence(leaf)}")
+        so = getattr(case, "second_order", None)
+        for why in (so.unavailable.values() if so is not None else ()):
+            out.append(f"{_paint('– SECOND ORDER', 'skipped', color)} {name} — {clean_line(why)}; its "
+                       "Hessian-vector products are not compared")
         if case.verdict != "vacuous":
             vac = vacuous_sentence(case)
             if vac:
@@ -211,6 +218,20 @@ def _notices(run: RunResult, color: bool) -> list[str]:
     return out
 
 
+def _trajectories(run: RunResult, color: bool) -> list[str]:
+    """Per case with ``--steps``: where the trajectories part (or that they do not), then the loss per step."""
+    out = []
+    for case in run.cases:
+        traj = getattr(case, "trajectory", None)
+        if traj is None:
+            continue
+        verdict = traj.verdict if traj.verdict in _COLOR else "error"
+        label = _paint(f"{SYMBOL.get(verdict, '?')} TRAJECTORY", verdict, color)
+        out.append(f"{label} {clean_line(case.name)} — {trajectory_head(traj)}")
+        out += [f"  {loss_sentence(traj, k)}" for k in trajectory_steps(traj)]
+    return out
+
+
 def _capped(lines: list[str], cap: int, what: str) -> list[str]:
     if len(lines) <= cap:
         return lines
@@ -221,6 +242,9 @@ def render_summary(run: RunResult, color: bool = False, max_leaf_lines: int = 50
     """The end-of-run summary: tables, failures then notices (each at most ``max_leaf_lines``), verdict."""
     lines = _case_table(run, color, width) if run.cases else []
     lines += _timing_tables(run, color, width)
+    trajectories = _trajectories(run, color)
+    if trajectories:
+        lines += [""] + trajectories
     failures = _capped(_failures(run, color), max_leaf_lines, "failures")
     notices = _capped(_notices(run, color), max_leaf_lines, "notices")
     if failures:

@@ -313,6 +313,72 @@ def unavailable_sentence(backend: str, why: str, cases: int) -> str:
     return clean_line(f"{backend} — {why}" + (f" ({_plural(cases, 'case')})" if cases > 1 else ""))
 
 
+# ---------------------------------------------------------------- second order and trajectories
+def _loss_text(x, digits: int) -> str:
+    if x is None or not finite(x):
+        return "failed" if x is None else fmt(x)
+    whole = len(str(int(abs(x)))) if abs(x) >= 1 else 1
+    if abs(x) >= 1e7 or (x != 0 and abs(x) < 1e-3):
+        return f"{x:.{digits - 1}e}"
+    if abs(x) < 1:
+        return f"{x:#.{digits}g}"
+    return f"{x:.{max(digits - whole, 1)}f}"
+
+
+def loss_sentence(traj, step: int) -> str:
+    """``loss after step 1: tape -19.78, torch -19.78, jax -4792.6`` (step 0: ``loss at the start: ...``).
+
+    Four significant digits (and one decimal at least), more where two
+    backends' losses differ beyond float64's tolerance but would print alike.
+    """
+    values = {b: (losses[step] if len(losses) > step else None) for b, losses in traj.losses.items()}
+    present = [v for v in values.values() if v is not None and finite(v)]
+    digits = 4
+    if present and max(present) - min(present) > 1e-7 * max(abs(v) for v in present):
+        while digits < 12 and len({_loss_text(v, digits) for v in present}) < 2:
+            digits += 1
+    head = "loss at the start" if step == 0 else f"loss after step {step}"
+    return clean_line(f"{head}: " + ", ".join(f"{b} {_loss_text(v, digits)}" for b, v in values.items()))
+
+
+def trajectory_head(traj) -> str:
+    """``3 adam steps (lr 0.001): the trajectories agree`` or where they part."""
+    what = f"{traj.steps} {traj.optimizer} step{'s' if traj.steps != 1 else ''} (lr {fmt(traj.lr)})"
+    if traj.parted is not None:
+        return clean_line(f"{what}: {traj.message}")
+    if traj.verdict == "error" or traj.message:
+        return clean_line(f"{what}: {traj.message or 'a backend failed'}")
+    worst = max(traj.headroom, default=0.0)
+    return clean_line(f"{what}: the trajectories agree at every step (parameters, buffers and losses; worst "
+                      f"headroom {fmt(worst)})")
+
+
+def trajectory_steps(traj, limit: int = 12) -> list[int]:
+    """The steps whose losses a summary shows: the start, the first few, the parting step, the last."""
+    n = max((len(v) for v in traj.losses.values()), default=0)
+    steps = list(range(n))
+    if n <= limit:
+        return steps
+    keep = set(steps[: limit - 3]) | {n - 1}
+    if traj.parted is not None:
+        keep |= {traj.parted - 1, traj.parted} & set(steps)
+    return sorted(keep)
+
+
+def second_order_sentence(case: CaseResult) -> str:
+    """``second order: 6 Hessian-vector products, 6 agree; tape: max_pool2d has no second derivative``."""
+    so = getattr(case, "second_order", None)
+    if so is None:
+        return ""
+    hv = [leaf for leaf in case.leaves if leaf.role == "hvp"]
+    bad = [leaf for leaf in hv if leaf.failing]
+    line = f"second order: {_plural(len(hv), 'Hessian-vector product')} over {', '.join(so.backends) or 'no backend'}"
+    line += f", {len(bad)} failing" if bad else (", none failing" if hv else "")
+    if so.unavailable:
+        line += "; " + "; ".join(so.unavailable.values())
+    return clean_line(line)
+
+
 # ---------------------------------------------------------------- a case
 def case_failure(case: CaseResult) -> str:
     """Why a failed case failed, in one line (JUnit's summary failure message, Markdown, HTML)."""
@@ -329,6 +395,9 @@ def case_failure(case: CaseResult) -> str:
     if case.errors:
         source, text = next(iter(case.errors.items()))
         return clean_line(f"{source}: {error_line(text)}")
+    traj = getattr(case, "trajectory", None)
+    if traj is not None and traj.verdict != "agree":
+        return trajectory_head(traj)
     if case.verdict == "vacuous":
         return vacuous_sentence(case) or "every gradient leaf is vacuous: the check cannot fail, so it does"
     if case.verdict == "imprecise":
@@ -380,7 +449,8 @@ def run_sentence(run: RunResult) -> str:
                 if leaf.verdict != "skipped":
                     roles[leaf.role] = roles.get(leaf.role, 0) + 1
         # Say what the leaves are: "62 parameter gradients" is what a reader counts on.
-        names = {"param": "parameter gradient", "input": "input gradient", "output": "output", "buffer": "buffer"}
+        names = {"param": "parameter gradient", "input": "input gradient", "output": "output", "buffer": "buffer",
+                 "hvp": "Hessian-vector product"}
         detail = ", ".join(f"{roles[r]} {names[r]}{'s' if roles[r] != 1 else ''}" for r in names if roles.get(r))
         parts.append(f"{n.agreeing} of {n.compared} leaves agree" + (f" ({detail})" if detail else ""))
     if n.vacuous:

@@ -253,3 +253,27 @@ def test_a_nondeterministic_backend_is_reported_as_such_and_nobody_else_is_blame
 def test_deterministic_backends_record_no_spread():
     r = run_case(CONV_CASE, RunOptions(backends=ALL))
     assert all(not x.nondeterministic for x in r.leaves), [(x.path, x.nondeterministic) for x in r.leaves]
+
+
+def test_a_backend_that_writes_into_its_inputs_is_reported_and_the_next_one_gets_clean_values(monkeypatch):
+    from gradcheck.backends import get_backend
+
+    driver = get_backend("tape")
+    original = driver.evaluate
+
+    def scribbler(f, args, prefixes=None):  # a test double: evaluates, then writes into the input it was handed
+        ev = original(f, args, prefixes)
+        np.asarray(args[1])[...] = 0.0
+        return ev
+
+    monkeypatch.setattr(driver, "evaluate", scribbler)
+    case = Case("mlp", lambda rng: L.Chain(L.Dense(3, 4, activation=ops.tanh, rng=rng), L.Dense(4, 2, rng=rng)),
+                lambda rng: (rng.standard_normal((5, 3)),))
+    r = run_case(case, RunOptions(backends=ALL))
+    assert "tape (mutates its inputs)" in r.errors and "input" in r.errors["tape (mutates its inputs)"]
+    assert r.verdict == "error"
+    # torch and jax, which ran after it, were handed the case's own input: they agree with each other, and
+    # nothing is blamed on them (the tape's own second call saw the zeros it wrote).
+    for x in r.leaves:
+        assert all(p.verdict == "agree" for p in x.pairs if {p.backend, p.reference} == {"torch", "jax"}), x.path
+        assert set(x.blame) <= {"tape"}, (x.path, x.blame, x.message)
