@@ -138,7 +138,7 @@ def run_child(cmd: list[str], env: dict | None = None, cwd: str | None = None, s
 
 def gradcheck_cli() -> list[str]:
     """The ``gradcheck`` command, run through this Python (the console script may not be on PATH)."""
-    return [sys.executable, "-m", "gradcheck.cli"]
+    return [sys.executable, "-m", "gradcheck"]
 
 
 def machine() -> dict:

@@ -335,3 +335,7 @@ def cmd_diff(args) -> int:
     changes = rundiff.diff(base, new, threshold=args.threshold)
     print(rundiff.render(changes, args.base, args.new))
     return EXIT_DISAGREE if any(c.worse for c in changes) else EXIT_OK
+
+
+if __name__ == "__main__":  # python -m gradcheck.cli, as python -m gradcheck
+    sys.exit(main())
