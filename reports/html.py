@@ -477,7 +477,8 @@ def _case(c: int, case: CaseResult, anchors: dict[int, str], alone: bool = False
                     f"{e(case.replay)}</pre><button type='button' data-copy='replay-{c}'>Copy</button></div>")
     if case.leaves:
         timing = timings_svg(case)
-        body.append(f"<div class='two'><div><h3>Model tree</h3>{tree_html(_first_order(case), anchors)}</div>"
+        tree = tree_html(_first_order(case), anchors, case.origin.path if case.origin else "")
+        body.append(f"<div class='two'><div><h3>Model tree</h3>{tree}</div>"
                     f"<div><h3>Time per backend</h3>{timing or '<p class=muted>not timed</p>'}</div></div>")
         body.append(_precision(case, anchors))
         body.append(f"<h3>Leaves</h3>{_leaf_table(c, case)}")

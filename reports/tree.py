@@ -113,7 +113,11 @@ def _leaf_row(name: str, leaf: LeafResult, anchors: dict[int, str]) -> str:
     f32 = ""
     if f32_flagged(leaf):
         f32 = f'<span class="f32flag" title="float32: {e(", ".join(leaf.float32.imprecise))}">≈ float32</span>'
-    return (f'<div class="trow leaf {vclass(leaf.verdict)}" '
+    # A leaf that only inherits a wrong layer's error (gradcheck.localise) is greyed: look at the origin.
+    inherited = " inherited" if getattr(leaf, "inherited", False) else ""
+    if inherited:
+        blame += '<span class="tmeta" title="disagrees only because a layer after it is wrong">inherited</span>'
+    return (f'<div class="trow leaf {vclass(leaf.verdict)}{inherited}" '
             f'data-path="{e(leaf.path)}"><span class="tname">{label}</span>'
             f'<span class="tmeta">{e(leaf.role)} · {e(_shape(leaf.shape))}</span>{badge(leaf.verdict)}{f32}'
             f'<span class="num" title="headroom: max error ÷ tolerance">{e(fmt(n.headroom))}</span>{blame}</div>')
@@ -126,31 +130,34 @@ def _count(leaves: list[LeafResult]) -> str:
     return text + (f" · {vacuous} vacuous" if vacuous else "")
 
 
-def _node(node: Node, anchors: dict[int, str]) -> str:
+def _node(node: Node, anchors: dict[int, str], origin: str = "") -> str:
     inner = []
     for leaf in node.leaves:
         # A path that is both a leaf and a prefix of others (rare) shows the leaf first.
         inner.append(_leaf_row("(self)", leaf, anchors))
     for child in node.children.values():
         if child.children:
-            inner.append(_node(child, anchors))
+            inner.append(_node(child, anchors, origin))
         else:
             inner += [_leaf_row(child.name, leaf, anchors) for leaf in child.leaves]
     leaves = node.all_leaves()
     bad = any(leaf.failing for leaf in leaves)
     layer = f'<span class="tmeta">{e(node.layer)}</span>' if node.layer else ""
-    opened = " open" if bad else ""
+    if origin and node.path == origin:  # the layer whose own VJP (or forward) the replay found wrong
+        layer += '<span class="origin" title="the per-layer replay found the disagreement starts here">◆ origin</span>'
+    opened = " open" if bad or (origin and origin.startswith(node.path)) else ""
     return (f'<details class="tnode"{opened}><summary class="trow {vclass(node.verdict)}"><span class="tname">'
             f'{e(node.name)}</span>{layer}{badge(node.verdict)}<span class="tcount">{e(_count(leaves))}</span></summary>'
             f'<div class="tkids">{"".join(inner)}</div></details>')
 
 
-def tree_html(leaves: list[LeafResult], anchors: dict[int, str]) -> str:
+def tree_html(leaves: list[LeafResult], anchors: dict[int, str], origin: str = "") -> str:
+    """The tree; ``origin`` (a module path, ``CaseResult.origin.path``) is marked where it is."""
     root = build_tree(leaves)
     rows = []
     for child in root.children.values():
         if child.children:
-            rows.append(_node(child, anchors))
+            rows.append(_node(child, anchors, origin))
         else:
             rows += [_leaf_row(child.name, leaf, anchors) for leaf in child.leaves]
     return f'<div class="tree">{"".join(rows)}</div>'

@@ -992,3 +992,14 @@ def test_every_renderer_says_where_the_disagreement_starts():
     suite = ET.fromstring(reports.render_junit(run).encode()).findall("testsuite")[1]
     assert origin in suite.find("testcase/system-out").text and origin in suite.find("testcase/failure").text
     assert f"Replayed layer by layer: {origin}." in page_text(reports.render_html(run))
+
+
+def test_the_tree_marks_the_origin_layer_and_greys_inherited_leaves():
+    from gradcheck.reports.tree import tree_html
+    from gradcheck.results import LeafResult
+
+    leaves = [LeafResult(path="layer1.conv.weight", role="param", verdict="disagree", blame=["torch"], inherited=True),
+              LeafResult(path="layer3.bn.weight", role="param", verdict="disagree", blame=["torch"])]
+    html = tree_html(leaves, {}, origin="layer3.bn")
+    assert html.count("◆ origin") == 1 and html.index("◆ origin") > html.index(">layer3<")
+    assert 'class="trow leaf v-disagree inherited"' in html and html.count(" inherited\"") == 1
