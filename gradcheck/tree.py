@@ -163,45 +163,31 @@ def describe(tree, indent: int = 0) -> str:
     return repr(tree)
 
 
+def modules_with_paths(tree, prefix: str = ""):
+    """Yield ``(path, module)`` for every module in ``tree``, depth first (the root's path is ``prefix``)."""
+    if isinstance(tree, Module):
+        yield prefix, tree
+        for name, kind, inline in tree.field_kinds():
+            if kind == CHILD:
+                yield from modules_with_paths(getattr(tree, name), prefix if inline else join(prefix, name))
+    elif isinstance(tree, (list, tuple)):
+        for i, v in enumerate(tree):
+            yield from modules_with_paths(v, join(prefix, i))
+    elif isinstance(tree, dict):
+        for k, v in tree.items():
+            yield from modules_with_paths(v, join(prefix, k))
+
+
 def leaf_owner_types(tree, prefix: str = "") -> dict[str, str]:
     """Path of every array leaf -> the type name of the module that owns it ("" for plain arrays)."""
-    out: dict[str, str] = {}
-
-    def walk(node, path):
-        if isinstance(node, Module):
-            for name, kind, inline in node.field_kinds():
-                sub = path if inline else join(path, name)
-                if kind == CHILD:
-                    walk(getattr(node, name), sub)
-                elif kind in (PARAM, BUFFER):
-                    out[sub] = type(node).__name__
-        elif isinstance(node, (list, tuple)):
-            for i, v in enumerate(node):
-                walk(v, join(path, i))
-        elif isinstance(node, dict):
-            for k, v in node.items():
-                walk(v, join(path, k))
-
-    walk(tree, prefix)
-    return out
+    return {path if inline else join(path, name): type(m).__name__
+            for path, m in modules_with_paths(tree, prefix)
+            for name, kind, inline in m.field_kinds() if kind in (PARAM, BUFFER)}
 
 
 def module_paths(tree, prefix: str = "") -> dict[int, str]:
-    """``id(module)`` -> dotted path of every module in ``tree`` (the root is ``prefix``)."""
+    """``id(module)`` -> dotted path of every module in ``tree`` (the first path, for a module used twice)."""
     out: dict[int, str] = {}
-
-    def walk(node, path):
-        if isinstance(node, Module):
-            out.setdefault(id(node), path)
-            for name, kind, inline in node.field_kinds():
-                if kind == CHILD:
-                    walk(getattr(node, name), path if inline else join(path, name))
-        elif isinstance(node, (list, tuple)):
-            for i, v in enumerate(node):
-                walk(v, join(path, i))
-        elif isinstance(node, dict):
-            for k, v in node.items():
-                walk(v, join(path, k))
-
-    walk(tree, prefix)
+    for path, m in modules_with_paths(tree, prefix):
+        out.setdefault(id(m), path)
     return out

@@ -9,10 +9,15 @@ form ``gradcheck run pkg.mod:fn`` takes; the tests check them through
 from __future__ import annotations
 
 import math
+import os
+import sys
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "benchmarks"))
+import torch_models  # noqa: E402
 
 
 def _seeded(seed: int = 0) -> torch.Generator:
@@ -33,24 +38,8 @@ def make_plain():
 
 
 # ---------------------------------------------------------------- ResNet blocks
-class BasicBlock(nn.Module):
-    def __init__(self, inplanes, planes, stride=1):
-        super().__init__()
-        self.conv1 = nn.Conv2d(inplanes, planes, 3, stride, 1, bias=False)
-        self.bn1 = nn.BatchNorm2d(planes)
-        self.relu = nn.ReLU(inplace=True)
-        self.conv2 = nn.Conv2d(planes, planes, 3, 1, 1, bias=False)
-        self.bn2 = nn.BatchNorm2d(planes)
-        self.downsample = None
-        if stride != 1 or inplanes != planes:
-            self.downsample = nn.Sequential(nn.Conv2d(inplanes, planes, 1, stride, bias=False),
-                                            nn.BatchNorm2d(planes))
-
-    def forward(self, x):
-        out = self.relu(self.bn1(self.conv1(x)))
-        out = self.bn2(self.conv2(out))
-        identity = x if self.downsample is None else self.downsample(x)
-        return self.relu(out + identity)
+# The benchmarks' torchvision-style ResNet BasicBlock: one definition of it in the project.
+BasicBlock = torch_models.BasicBlock
 
 
 class Bottleneck(nn.Module):
