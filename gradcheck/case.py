@@ -38,7 +38,6 @@ class Case:
     seed: int = 0
     forward: Callable[..., Any] | None = None
     model: str = ""  # the model or layer name, for grouping in reports
-    tags: tuple[str, ...] = ()
     notes: list[str] = field(default_factory=list)
 
     def __post_init__(self):

@@ -182,13 +182,13 @@ def fuzz_rows(n: int, seed: int = 0) -> list[Row]:
     for i in range(n):
         row = FAMILIES[_int(rng, 0, len(FAMILIES) - 1)](rng)
         out.append(Row(row.layer, f"{row.params}#{i}" if row.params else f"#{i}", row.build, row.inputs,
-                       row.mode, row.forward, row.tags, row.notes))
+                       row.mode, row.forward, row.notes))
     return out
 
 
 def fuzz_cases(n: int = FUZZ_CASES, seed: int = 0, dtype: str | None = None):
     """``n`` drawn layer configurations (checked in float64 and measured in float32 unless ``dtype="float64"``)."""
-    return cases(fuzz_rows(n, seed), seed=seed, dtype=dtype, tags=("fuzz",))
+    return cases(fuzz_rows(n, seed), seed=seed, dtype=dtype)
 
 
 def fuzz_suite(seed: int = 0, dtype: str | None = None):

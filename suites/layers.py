@@ -264,4 +264,4 @@ def rows() -> list[Row]:
 
 def layer_cases(seed: int = 0, dtype: str | None = None):
     """Every layer in several configurations (strides, paddings, groups, train/eval, masks), float32 and float64."""
-    return cases(rows(), seed=seed, dtype=dtype, tags=("layers",))
+    return cases(rows(), seed=seed, dtype=dtype)

@@ -18,6 +18,4 @@ def model_cases(seed: int = 0, dtype: str | None = None):
     out = [spec.case(seed=seed, dtype=dt, size="small") for spec in MODELS.values()]
     small = MODELS["resnet18"].case(seed=seed, dtype=dt, size="small", mode="eval")
     out.append(small.with_(name=small.name[:-1] + ",eval]"))
-    for c in out:
-        c.tags = tuple(c.tags) + ("models",)
     return out

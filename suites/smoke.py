@@ -46,9 +46,6 @@ def smoke_cases(seed: int = 0, dtype: str | None = None):
     if missing:
         raise KeyError(f"smoke suite names layer rows that do not exist: {missing}; see suites/layers.py")
     picked = [by_label[label] for label in SMOKE_LAYERS] + list(SMOKE_ROWS)
-    out = cases(picked, seed=seed, dtype=dtype, tags=("smoke",))
-    for name, settings in SMOKE_MODELS.items():
-        case = MODELS[name].case(seed=seed, dtype=dtype or "float32", **settings)
-        case.tags = tuple(case.tags) + ("smoke",)
-        out.append(case)
+    out = cases(picked, seed=seed, dtype=dtype)
+    out += [MODELS[name].case(seed=seed, dtype=dtype or "float32", **settings) for name, settings in SMOKE_MODELS.items()]
     return out

@@ -28,7 +28,6 @@ class Row:
     inputs: Callable[[np.random.Generator], tuple]
     mode: str = "train"
     forward: Callable | None = None
-    tags: tuple = ()
     notes: tuple = ()
 
     @property
@@ -36,7 +35,7 @@ class Row:
         return f"{self.layer}[{self.params}]" if self.params else self.layer
 
 
-def cases(rows, seed: int = 0, dtype: str | None = None, tags: tuple = ()) -> list[Case]:
+def cases(rows, seed: int = 0, dtype: str | None = None) -> list[Case]:
     """One case per row: float64 and float32 (``dtype="float64"``: float64 only)."""
     return [
         Case(
@@ -48,7 +47,6 @@ def cases(rows, seed: int = 0, dtype: str | None = None, tags: tuple = ()) -> li
             seed=seed,
             forward=row.forward,
             model=row.layer,
-            tags=tuple(tags) + tuple(row.tags),
             notes=list(row.notes),
         )
         for row in rows

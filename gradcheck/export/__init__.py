@@ -103,7 +103,7 @@ def from_torch(module, *example_inputs, name: str | None = None, mode: str = "tr
     for why in graph.problems.values():
         notes.append(f"tape and jax cannot run this graph: {why}")
     return Case(name=label, build=build, inputs=inputs, dtype=case_dtype, mode=mode, seed=seed,
-                model=type(module).__name__, tags=("torch",), notes=notes)
+                model=type(module).__name__, notes=notes)
 
 
 def as_cases(made, name: str = "") -> list[Case] | None:
@@ -142,7 +142,7 @@ def _case_or_error(module, inputs, name):
         def build(rng):
             raise CaptureError(message)
 
-        return Case(name=name, build=build, inputs=lambda rng: (), model=type(module).__name__, tags=("torch",))
+        return Case(name=name, build=build, inputs=lambda rng: (), model=type(module).__name__)
 
 
 def __getattr__(name):

@@ -82,5 +82,4 @@ class ModelSpec:
             mode=mode,
             seed=seed,
             model=self.name,
-            tags=("model", self.name),
         )
