@@ -136,6 +136,19 @@ _EXTRA_STYLES = [("#CC79A7", "triangle", "8 2 2 2"), ("#56B4E9", "circle", "4 4"
 LIMIT = "#D55E00"  # the imprecise limit, and the points beyond it
 
 
+def _legend(parts: list[str], names, left: float) -> float:
+    """One legend entry per backend (its line, marker and name) from ``left``; returns where the next goes."""
+    lx = left
+    for k, b in enumerate(names):
+        colour, shape, dash = _style(b, k)
+        dash_attr = f' stroke-dasharray="{dash}"' if dash else ""
+        parts.append(f'<g class="legend"><line x1="{lx}" y1="14" x2="{lx + 22}" y2="14" stroke="{colour}" '
+                     f'stroke-width="1.6"{dash_attr}/>' + _marker(shape, lx + 11, 14, 2.6, colour) + _close(shape)
+                     + f'<text x="{lx + 27}" y="18" class="lb">{e(b)}</text></g>')
+        lx += 40 + 8 * len(b)
+    return lx
+
+
 def _style(backend: str, k: int):
     return LINE_STYLE.get(backend) or _EXTRA_STYLES[k % len(_EXTRA_STYLES)]
 
@@ -318,15 +331,7 @@ def float32_svg(case: CaseResult, width: int = 820, height: int = 300) -> str:
             if marks or over:
                 parts.append(_marker(shape, px, py, 2.6, colour) + f"<title>{e(tip)}</title>" + _close(shape))
         parts.append("</g>")
-    # legend
-    lx = left
-    for k, b in enumerate(names):
-        colour, shape, dash = _style(b, k)
-        dash_attr = f' stroke-dasharray="{dash}"' if dash else ""
-        parts.append(f'<g class="legend"><line x1="{lx}" y1="14" x2="{lx + 22}" y2="14" stroke="{colour}" '
-                     f'stroke-width="1.6"{dash_attr}/>' + _marker(shape, lx + 11, 14, 2.6, colour) + _close(shape)
-                     + f'<text x="{lx + 27}" y="18" class="lb">{e(b)}</text></g>')
-        lx += 40 + 8 * len(b)
+    lx = _legend(parts, names, left)
     parts.append(f'<line x1="{lx}" y1="14" x2="{lx + 22}" y2="14" stroke="{LIMIT}" stroke-dasharray="5 3"/>'
                  f'<text x="{lx + 27}" y="18" class="ax">imprecise limit</text>')
     lx += 112
@@ -401,13 +406,6 @@ def loss_svg(traj, width: int = 520, height: int = 230) -> str:
                 parts.append(_marker(shape, px, py, 2.8, colour) + f"<title>{e(f'{b}, step {i}: {v:.10g}')}</title>"
                              + _close(shape))
         parts.append("</g>")
-    lx = left
-    for k, b in enumerate(names):
-        colour, shape, dash = _style(b, k)
-        dash_attr = f' stroke-dasharray="{dash}"' if dash else ""
-        parts.append(f'<g class="legend"><line x1="{lx}" y1="14" x2="{lx + 22}" y2="14" stroke="{colour}" '
-                     f'stroke-width="1.6"{dash_attr}/>' + _marker(shape, lx + 11, 14, 2.6, colour) + _close(shape)
-                     + f'<text x="{lx + 27}" y="18" class="lb">{e(b)}</text></g>')
-        lx += 40 + 8 * len(b)
+    _legend(parts, names, left)
     parts.append("</svg>")
     return "".join(parts)

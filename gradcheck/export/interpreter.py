@@ -72,19 +72,9 @@ def numpy_dtype(dtype, floats):
 
 
 def _arguments(node, lookup, floats):
-    import torch
     from torch.fx.node import map_arg
 
-    def convert(v):
-        if isinstance(v, torch.dtype):
-            return numpy_dtype(v, floats)
-        if isinstance(v, (list, tuple)):
-            return type(v)(convert(x) for x in v)
-        return v
-
-    args = convert(map_arg(node.args, lookup))
-    kwargs = {k: convert(v) for k, v in map_arg(node.kwargs, lookup).items()}
-    return args, kwargs
+    return _arguments_from(map_arg(node.args, lookup), map_arg(node.kwargs, lookup), floats)
 
 
 def _unavailable_in(args, kwargs):
