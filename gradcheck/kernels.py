@@ -3,8 +3,10 @@
 Everything is 2-d on NCHW (1-d convolutions add a unit height).  There are no
 Python loops over pixels: windows are strided views of the padded input, a
 convolution is one BLAS matmul per group over the whole batch (im2col), and
-the scatter back to the input (transposed convolution, pooling and their
-gradients) loops over the kernel's taps only (9 for a 3x3 kernel).
+pooling and the scatter back to the input (a strided convolution's input
+gradient, hence transposed convolution, and the pooling gradients) loop over
+the kernel's taps only (9 for a 3x3 kernel).  At stride 1 a convolution's
+input gradient is itself a convolution.
 
 Copies are laid out so that numpy's innermost loop runs along an output row:
 the column matrix is (C*kh*kw, N*oh*ow), not (N*oh*ow, C*kh*kw), whose inner
@@ -14,9 +16,11 @@ spent outside BLAS.
 The three convolution kernels are closed under differentiation, which is what
 gives the tape second derivatives through convolutions:
 
-* ``conv2d(x, w)``                 y = conv(x, w)
-* ``conv2d_input_grad(g, w, xs)``  adjoint of conv in x   (transposed convolution)
-* ``conv2d_weight_grad(x, g, ws)`` adjoint of conv in w
+* ``conv2d(x, w, g)``               y = conv(x, w)
+* ``conv2d_input_grad(gy, w, g)``  adjoint of conv in x   (transposed convolution)
+* ``conv2d_weight_grad(x, gy, g)`` adjoint of conv in w
+
+where ``g`` is the ``ConvGeometry`` of the forward convolution, shared by all three.
 """
 
 from __future__ import annotations
@@ -150,7 +154,7 @@ def _pointwise(g: ConvGeometry) -> bool:
 # single BLAS call per group (per-sample calls were slower, and the weight
 # gradient then needed a sum over samples of weight-sized partial products).
 def _columns(x: np.ndarray, g: ConvGeometry) -> np.ndarray:
-    """im2col: (G, C/G*kh*kw, N*oh*ow), the one copy a convolution makes."""
+    """im2col: (G, C/G*kh*kw, N*oh*ow), one contiguous copy of the windows."""
     k = g.c // g.groups * g.kh * g.kw
     if _pointwise(g):
         win = x.reshape(g.n, g.c, 1, 1, g.oh, g.ow)
@@ -254,8 +258,9 @@ def _adjoint_geometry(g: ConvGeometry) -> ConvGeometry | None:
     With stride 1, the adjoint of a convolution is a convolution of the
     output gradient with the flipped, transposed kernel, padded by the
     dilated kernel's extent minus the original padding.  None where that
-    padding would be negative (padding wider than the kernel), or with
-    stride: then the gradient scatters instead.
+    padding would be negative (padding wider than the dilated kernel's
+    extent), or with stride: then the gradient scatters instead.  None too
+    for a pointwise kernel, whose col2im is a reshape.
     """
     if g.stride != (1, 1) or _pointwise(g):
         return None
@@ -364,13 +369,6 @@ def broadcasts_into(small, big) -> bool:
         return False
 
 
-def reduced_axes(axes, ndim) -> tuple[int, ...]:
-    """``axes`` (None, an int or a tuple, negatives allowed) as sorted non-negative ints."""
-    if axes is None:
-        return tuple(range(ndim))
-    return tuple(sorted(a % ndim for a in ((axes,) if isinstance(axes, int) else axes)))
-
-
 def normalize_stats(x, axes, eps):
     """``(mean, var, centred, rstd)`` of ``x`` over ``axes`` (biased variance, reduced axes kept).
 
@@ -397,7 +395,9 @@ def normalize_apply(centred, rstd, weight, bias):
 def normalize_grads(argnums, g, weight, bias, axes, centred, rstd) -> list:
     """Gradients of ``normalize`` for ``argnums`` (0: x, 1: weight, 2: bias), sharing the reductions.
 
-    With ``gx`` the gradient at the normalised input and ``n`` the count,
+    With ``n`` the count, ``scale = rstd`` and ``gx = g * weight`` (the
+    gradient at the normalised input), or, when the weight is folded into the
+    per-statistic scale, ``scale = rstd * weight`` and ``gx = g``:
     ``dx = scale * (gx - sum(gx)/n - centred * rstd^2 * sum(gx*centred)/n)``:
     two reductions and a few full-size passes, where the composition's
     backward pass makes about twice as many.
@@ -424,9 +424,18 @@ def normalize_grads(argnums, g, weight, bias, axes, centred, rstd) -> list:
     return grads
 
 
+def summed_axes(shape, target) -> tuple[int, ...]:
+    """The axes of an array of ``shape`` to sum over (kept) to undo broadcasting ``target`` to it.
+
+    The leading axes broadcasting added and the size-1 axes it stretched: a
+    gradient reaching a broadcast operand is summed there, then reshaped.
+    """
+    lead = len(shape) - len(target)
+    return tuple(range(lead)) + tuple(i + lead for i, s in enumerate(target) if s == 1 and shape[i + lead] != 1)
+
+
 def _sum_to(a, shape) -> np.ndarray:
     """Sum ``a`` over the axes that broadcasting ``shape`` against it stretched or added."""
-    lead = a.ndim - len(shape)
-    axes = tuple(range(lead)) + tuple(i + lead for i, s in enumerate(shape) if s == 1 and a.shape[i + lead] != 1)
+    axes = summed_axes(a.shape, shape)
     return np.sum(a, axis=axes, keepdims=True).reshape(shape) if axes else a.reshape(shape)
 

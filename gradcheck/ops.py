@@ -8,7 +8,9 @@ the float64 finite-difference referee).  Semantics and layouts follow PyTorch
 written once runs unchanged on every backend.
 
 A backend implements an op by defining a function of the same name in its
-ops module (see ``gradcheck/backends/*_ops.py``).  Ops whose body here is not
+ops module (see ``gradcheck/backends/*_ops.py``).  Before any backend runs
+an op, its argument rule (``gradcheck/backends/common.py``) checks the
+arguments, so a mistake gets the same message on every backend.  Ops whose body here is not
 ``...`` are *derived*: built from other ops, used by any backend that does not
 define its own version.  An op a backend lacks and that has no derived
 version raises ``BackendOpMissing`` naming the op and the backend.
@@ -26,7 +28,7 @@ import math
 import numpy as np
 
 from gradcheck import cost, kernels, kinks
-from gradcheck.backends import backend_of_args, ops_module
+from gradcheck.backends import backend_of_args, common, ops_module
 
 __all__: list[str] = []
 
@@ -39,8 +41,11 @@ def op(fn):
     """Make ``fn`` a dispatching op; its body (if any) is the derived fallback."""
     name = fn.__name__
     derived = not _is_stub(fn)
+    check = common.RULES.get(name)
 
     def run(*args, **kwargs):
+        if check is not None:
+            check(name, *args, **kwargs)
         backend = backend_of_args(args + tuple(kwargs.values()) if kwargs else args)
         impl = getattr(ops_module(backend), name, None)
         if impl is not None:
@@ -110,16 +115,7 @@ def stop_gradient(x):
     """The value of ``x`` with no gradient flowing through it."""
 
 
-def dtype_of(x) -> np.dtype:
-    """The numpy dtype of any backend's array (torch dtypes are mapped)."""
-    dt = x.dtype
-    if isinstance(dt, np.dtype):
-        return dt
-    return np.dtype(str(dt).replace("torch.", ""))
-
-
-def shape_of(x) -> tuple[int, ...]:
-    return tuple(int(d) for d in x.shape)
+dtype_of, shape_of = common.dtype_of, common.shape_of
 
 
 def to_numpy(x) -> np.ndarray:
@@ -214,8 +210,6 @@ def gelu(x, approximate="none"):
     if approximate == "tanh":
         inner = mul(add(x, mul(pow(x, 3), 0.044715)), math.sqrt(2.0 / math.pi))
         return mul(mul(x, 0.5), add(tanh(inner), 1.0))
-    if approximate != "none":
-        raise ValueError(f"gelu: approximate={approximate!r}; expected 'none' or 'tanh'")
     return mul(mul(x, 0.5), add(erf(mul(x, 1.0 / math.sqrt(2.0))), 1.0))
 
 
@@ -278,7 +272,6 @@ def normalize(x, axes, eps, weight=None, bias=None):
     out) broadcast into ``x``: BatchNorm's shaped ``(1, C, 1, ...)``,
     LayerNorm's as the normalised shape.
     """
-    check_normalize_affine(shape_of(x), weight, bias)
     mu = mean(x, axis=axes, keepdims=True)
     centred = sub(x, mu)
     v = mean(mul(centred, centred), axis=axes, keepdims=True)
@@ -322,12 +315,10 @@ def batch_norm(x, running_mean=None, running_var=None, weight=None, bias=None, t
     """
     shape = shape_of(x)
     axes = (0,) + tuple(range(2, len(shape)))
-    bshape = (1, shape[1]) + (1,) * (len(shape) - 2)
+    bshape = common.channel_shape(len(shape), shape[1])
     w = None if weight is None else reshape(weight, bshape)
     b = None if bias is None else reshape(bias, bshape)
     if not training:
-        if running_mean is None or running_var is None:
-            raise ValueError("batch_norm: training=False needs running_mean and running_var")
         scale = rsqrt(add(reshape(running_var, bshape), eps))
         if w is not None:
             scale = mul(scale, w)
@@ -347,17 +338,11 @@ def batch_norm(x, running_mean=None, running_var=None, weight=None, bias=None, t
     return y, new_mean, new_var
 
 
-def _dims(shape) -> tuple:
-    """A shape given as an int (torch accepts ``layer_norm(x, 3)``) or a sequence."""
-    return (int(shape),) if isinstance(shape, (int, np.integer)) else tuple(shape)
-
-
 @op
 def layer_norm(x, normalized_shape, weight=None, bias=None, eps=1e-5):
     """``torch.nn.functional.layer_norm``: statistics over the trailing ``normalized_shape`` dims."""
-    k = len(_dims(normalized_shape))
-    n = len(shape_of(x))
-    return normalize(x, tuple(range(n - k, n)), eps, weight=weight, bias=bias)[0]
+    axes = common.trailing_axes("layer_norm", shape_of(x), normalized_shape)
+    return normalize(x, axes, eps, weight=weight, bias=bias)[0]
 
 
 @op
@@ -366,7 +351,7 @@ def group_norm(x, num_groups, weight=None, bias=None, eps=1e-5):
     shape = shape_of(x)
     grouped = reshape(x, (shape[0], num_groups, -1))
     y = reshape(normalize(grouped, (2,), eps)[0], shape)
-    bshape = (1, shape[1]) + (1,) * (len(shape) - 2)
+    bshape = common.channel_shape(len(shape), shape[1])
     if weight is not None:
         y = mul(y, reshape(weight, bshape))
     if bias is not None:
@@ -377,10 +362,9 @@ def group_norm(x, num_groups, weight=None, bias=None, eps=1e-5):
 @op
 def rms_norm(x, normalized_shape, weight=None, eps=None):
     """``torch.nn.functional.rms_norm``: ``x / sqrt(mean(x^2) + eps) * weight``; ``eps=None``: the dtype's epsilon."""
-    k = len(_dims(normalized_shape))
-    n = len(shape_of(x))
+    axes = common.trailing_axes("rms_norm", shape_of(x), normalized_shape)
     eps = float(np.finfo(dtype_of(x)).eps) if eps is None else eps
-    ms = mean(mul(x, x), axis=tuple(range(n - k, n)), keepdims=True)
+    ms = mean(mul(x, x), axis=axes, keepdims=True)
     y = mul(x, rsqrt(add(ms, eps)))
     return y if weight is None else mul(y, weight)
 
@@ -404,8 +388,6 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_mask
     # The key's own rank: torch broadcasts a (3, S, E) key against (2, 3, L, E) queries.
     scores = mul(matmul(query, transpose(key, tuple(range(nk - 2)) + (nk - 1, nk - 2))), scale)
     if is_causal:
-        if attn_mask is not None:
-            raise ValueError("scaled_dot_product_attention: give attn_mask or is_causal=True, not both (as torch)")
         attn_mask = np.tril(np.ones((L, S), dtype=bool))
     if attn_mask is not None:
         if dtype_of(attn_mask) == np.bool_:
@@ -445,9 +427,7 @@ def _reduce_loss(loss, reduction, denominator=None):
         return loss
     if reduction == "sum":
         return sum(loss)
-    if reduction == "mean":
-        return mean(loss) if denominator is None else div(sum(loss), denominator)
-    raise ValueError(f"reduction={reduction!r}; expected 'mean', 'sum' or 'none'")
+    return mean(loss) if denominator is None else div(sum(loss), denominator)  # "mean"
 
 
 def _one_hot(ids, num_classes: int, axis: int):
@@ -465,16 +445,11 @@ def cross_entropy(input, target, weight=None, ignore_index=-100, reduction="mean
     the logits' shape (a float array).  ``weight``: a per-class weight (C,).
     """
     shape = shape_of(input)
-    if len(shape) < 2:
-        raise ValueError(f"cross_entropy: logits of shape {shape}; expected (N, C) or (N, C, d1, ...)")
     logp = log_softmax(input, axis=1)
-    bshape = (1, shape[1]) + (1,) * (len(shape) - 2)
+    bshape = common.channel_shape(len(shape), shape[1])
     w = None if weight is None else reshape(asarray(weight, like=input) if isinstance(weight, np.ndarray)
                                             else weight, bshape)
     if np.dtype(dtype_of(target)).kind == "f":
-        if shape_of(target) != shape:
-            raise ValueError(f"cross_entropy: probability targets of shape {shape_of(target)} must match "
-                             f"logits {shape}")
         if label_smoothing:
             target = add(mul(target, 1.0 - label_smoothing), label_smoothing / shape[1])
         weighted = mul(logp, target) if w is None else mul(mul(logp, target), w)
@@ -507,8 +482,8 @@ def nll_loss(input, target, weight=None, ignore_index=-100, reduction="mean"):
     zeros = zeros_like(nll)
     keep = where(equal(target, ignore_index), zeros, add(zeros, 1.0))
     if weight is not None:
-        bshape = (1, shape[1]) + (1,) * (len(shape) - 2)
-        w = reshape(asarray(weight, like=input) if isinstance(weight, np.ndarray) else weight, bshape)
+        w = reshape(asarray(weight, like=input) if isinstance(weight, np.ndarray) else weight,
+                    common.channel_shape(len(shape), shape[1]))
         keep = mul(keep, sum(where(hot, w, 0.0), axis=1))
     return _reduce_loss(mul(nll, keep), reduction, denominator=sum(keep) if reduction == "mean" else None)
 
@@ -534,16 +509,6 @@ def binary_cross_entropy_with_logits(input, target, weight=None, reduction="mean
     return _reduce_loss(loss, reduction)
 
 
-def check_normalize_affine(shape, weight, bias) -> None:
-    """``normalize``'s weight and bias must broadcast into the input (every backend's version checks)."""
-    for name, a in (("weight", weight), ("bias", bias)):
-        if a is not None and not kernels.broadcasts_into(shape_of(a), shape):
-            raise ValueError(
-                f"normalize: {name} of shape {shape_of(a)} does not broadcast into the input's shape {shape}; "
-                "it must (one value per channel or per normalised element)"
-            )
-
-
 @op
 def max(x, axis=None, keepdims=False):
     """Max reduction; at ties the gradient is split evenly (torch.amax, jax agree)."""
@@ -561,10 +526,7 @@ def log_softmax(x, axis=-1): ...
 
 def _count(x, axis) -> int:
     shape = shape_of(x)
-    if axis is None:
-        return int(np.prod(shape, dtype=np.int64))
-    axes = (axis,) if isinstance(axis, int) else tuple(axis)
-    return int(np.prod([shape[a] for a in axes], dtype=np.int64))
+    return int(np.prod([shape[a] for a in common.normal_axes("mean", axis, shape)], dtype=np.int64))
 
 
 # ---------------------------------------------------------------- shapes
@@ -644,7 +606,7 @@ def avg_pool2d(x, kernel_size, stride=None, padding=0, count_include_pad=True):
     Derived as a depthwise convolution with a constant kernel, so it is
     differentiable to any order wherever ``conv`` is.
     """
-    g = kernels.pool_geometry(shape_of(x), kernel_size, stride, padding)
+    g = common.pool_geometry("avg_pool2d", shape_of(x), kernel_size, stride, padding)
     kernel = np.full((g.c, 1, g.kh, g.kw), 1.0 / (g.kh * g.kw))
     y = conv(x, asarray(kernel, like=x), stride=g.stride, padding=padding, groups=g.c)
     if not count_include_pad:
@@ -659,8 +621,6 @@ def adaptive_avg_pool2d(x, output_size):
     Derived as two contractions with constant averaging matrices, so every
     backend that lacks a native version differentiates it to any order.
     """
-    if len(shape_of(x)) != 4:
-        raise ValueError(f"adaptive_avg_pool2d: input of shape {shape_of(x)}; expected 4 dims, NCHW")
     n, c, h, w = shape_of(x)
     oh, ow = (output_size, output_size) if isinstance(output_size, int) else output_size
     ph = asarray(adaptive_pool_matrix(h, oh), like=x)
@@ -708,14 +668,12 @@ def _upsample_scale(in_size: int, out_size: int, scale_factor) -> np.float32:
 
 def _upsample_args(name, x, size, scale_factor):
     shape = shape_of(x)
-    if len(shape) != 4:
-        raise ValueError(f"{name}: input of shape {shape}; expected 4 dims, NCHW")
-    oh, ow = (size, size) if isinstance(size, (int, np.integer)) else tuple(size)
+    oh, ow = common.spatial_size(name, "size", size)
     if scale_factor is None or isinstance(scale_factor, (int, float, np.number)):
         scales = (scale_factor, scale_factor)
     else:
         scales = tuple(scale_factor)
-    return shape, int(oh), int(ow), scales
+    return shape, oh, ow, scales
 
 
 def nearest_indices(in_size: int, out_size: int, scale_factor=None) -> np.ndarray:

@@ -729,31 +729,13 @@ def test_negative_control_wrong_kernel_backward_fails(attr, row_id, check, monke
 
 
 # ---------------------------------------------------------------- errors
+# Argument rules shared by every backend are tested once, on all of them (tests/test_errors.py); here, what
+# jax needs on its own: indices checked where jax would clamp them, and eager values out of jax arrays.
 @pytest.mark.parametrize("call, error, match", [
     (lambda x: ops.getitem(x, np.array([0, 3])), IndexError, "out of bounds"),
-    (lambda x: ops.take(x, np.array([4]), axis=1), IndexError, "shape \\(3, 4\\)"),
-    (lambda x: ops.take(x, np.array([0]), axis=2), ValueError, "axis=2"),
-    (lambda x: ops.getitem(x, np.array([0.0, 1.0])), TypeError, "float64"),
-    (lambda x: ops.gelu(x, approximate="fast"), ValueError, "approximate"),
-    (lambda x: ops.max_pool2d(x, 2), ValueError, "4-d NCHW"),
-    (lambda x: ops.conv(ops.reshape(x, (1, 3, 4)), np.ones((2, 2, 3))), ValueError, "channels"),
-    (lambda x: ops.conv_transpose(ops.reshape(x, (1, 3, 4)), np.ones((2, 2, 3))), ValueError, "3 channels"),
-    (lambda x: ops.conv_transpose(ops.reshape(x, (1, 3, 4)), np.ones((3, 2, 3)), padding="same"), ValueError, "same"),
-    (lambda x: ops.conv_transpose(ops.reshape(x, (1, 3, 4)), np.ones((3, 2, 3)), stride=2, output_padding=2), ValueError, "output_padding"),
-    (lambda x: ops.embedding(np.array([0, 3]), x), IndexError, "id 3 is out of range for a table of 3 rows"),
+    (lambda x: ops.take(x, np.array([4]), axis=1), IndexError, "index 4 is out of bounds for axis 1 with size 4"),
     (lambda x: ops.embedding(np.array([-1]), x), IndexError, "ids must be in \\[0, 3\\)"),
-    (lambda x: ops.embedding(np.array([0.0]), x), TypeError, "expected an integer array"),
-    (lambda x: ops.cross_entropy(x, np.array([0, 1, 4])), IndexError, "target 4 is out of bounds for 4 classes"),
     (lambda x: ops.nll_loss(x, np.array([0, -1, 2])), IndexError, "target -1 is out of bounds"),
-    (lambda x: ops.cross_entropy(x, np.ones((3, 3))), ValueError, "probability targets of shape \\(3, 3\\)"),
-    (lambda x: ops.cross_entropy(ops.reshape(x, (12,)), np.array(1)), ValueError, "expected \\(N, C\\)"),
-    (lambda x: ops.mse_loss(x, x, reduction="avg"), ValueError, "reduction='avg'"),
-    (lambda x: ops.scaled_dot_product_attention(x, x, x, attn_mask=np.ones((3, 3), bool), is_causal=True),
-     ValueError, "not both"),
-    (lambda x: ops.layer_norm(x, (3,)), ValueError, "trailing shape of the input \\(3, 4\\)"),
-    (lambda x: ops.group_norm(ops.reshape(x, (1, 3, 4)), 2), ValueError, "must divide the channels"),
-    (lambda x: ops.batch_norm(x, training=False), ValueError, "needs running_mean"),
-    (lambda x: ops.linear(x, np.ones((2, 3))), ValueError, "last dim must be in=3"),
     (lambda x: ops.to_numpy(x), None, None),
 ])
 def test_errors_name_the_problem(call, error, match):

@@ -7,13 +7,15 @@ JAX's own conventions differ:
 * ``leaky_relu``: ``jax.nn.leaky_relu`` takes the identity branch at 0;
   torch takes the sloped one (gradient ``negative_slope`` at 0).
 * integer-array indexing: jax clamps out-of-bounds indices silently; numpy
-  raises, and so do we whenever the index is a concrete array.
+  raises, and so does every backend whenever the index is concrete (the
+  rule in ``common`` checks it before jax sees it).
 
 Activations are jax.nn's own (``jax.nn.elu`` included: its gradient at 0 is
 ``alpha``, as torch's), except for the two kinks above.  Convolutions are
-``lax.conv_general_dilated`` and pools ``lax.reduce_window``; they take their
-geometry (and its validation and error messages) from the numpy backend, so
-both backends accept and reject the same arguments.
+``lax.conv_general_dilated`` and pools ``lax.reduce_window``; their geometry
+is ``common``'s, the one every backend computes with.  Arguments arrive
+checked by ``common``'s rules, so jax refuses what the others refuse, in the
+same words.
 
 The framework kernels (``linear``, the normalisations, attention,
 ``embedding``, the losses) are written as the jax model libraries write
@@ -30,8 +32,6 @@ backend is asked for.
 
 from __future__ import annotations
 
-import builtins
-
 import jax
 import jax.numpy as jnp
 import jax.scipy.special
@@ -39,7 +39,7 @@ import numpy as np
 from jax import lax
 
 from gradcheck import kernels
-from gradcheck.backends import numpy_ops as npo
+from gradcheck.backends import common
 
 # Full float32/float64 accuracy in products: the point is to compare numbers.
 _HIGHEST = lax.Precision.HIGHEST
@@ -67,12 +67,7 @@ def asarray(value, like=None, dtype=None):
     With float64 enabled, a Python or numpy float64 constant would otherwise
     promote float32 activations to float64.
     """
-    if dtype is None and like is not None:
-        value_kind = np.dtype(value.dtype if hasattr(value, "dtype") else np.asarray(value).dtype).kind
-        like_dtype = np.dtype(like.dtype)
-        if value_kind == "f" and like_dtype.kind == "f":
-            dtype = like_dtype
-    return jnp.asarray(value, dtype=dtype)
+    return jnp.asarray(value, dtype=common.asarray_dtype(value, like, dtype))
 
 
 def astype(x, dtype):
@@ -124,8 +119,6 @@ def elu(x, alpha=1.0):
 
 
 def gelu(x, approximate="none"):
-    if approximate not in ("none", "tanh"):
-        raise ValueError(f"gelu: approximate={approximate!r}; expected 'none' or 'tanh'")
     return jax.nn.gelu(x, approximate=approximate == "tanh")
 
 
@@ -139,41 +132,37 @@ def einsum(subscripts, *operands):
 
 
 # ---------------------------------------------------------------- reductions
-def _axis(axis):
-    return tuple(axis) if isinstance(axis, list) else axis
-
-
 def sum(x, axis=None, keepdims=False):
-    return jnp.sum(x, axis=_axis(axis), keepdims=keepdims)
+    return jnp.sum(x, axis=common.axis_arg(axis), keepdims=keepdims)
 
 
 def mean(x, axis=None, keepdims=False):
-    return jnp.mean(x, axis=_axis(axis), keepdims=keepdims)
+    return jnp.mean(x, axis=common.axis_arg(axis), keepdims=keepdims)
 
 
 def var(x, axis=None, keepdims=False, ddof=0):
-    return jnp.var(x, axis=_axis(axis), keepdims=keepdims, ddof=ddof)
+    return jnp.var(x, axis=common.axis_arg(axis), keepdims=keepdims, ddof=ddof)
 
 
 def max(x, axis=None, keepdims=False):
     # jax's reduce_max gradient splits evenly among tied maxima, like torch.amax.
-    return jnp.max(x, axis=_axis(axis), keepdims=keepdims)
+    return jnp.max(x, axis=common.axis_arg(axis), keepdims=keepdims)
 
 
 def min(x, axis=None, keepdims=False):
-    return jnp.min(x, axis=_axis(axis), keepdims=keepdims)
+    return jnp.min(x, axis=common.axis_arg(axis), keepdims=keepdims)
 
 
 def logsumexp(x, axis=None, keepdims=False):
-    return jax.nn.logsumexp(x, axis=_axis(axis), keepdims=keepdims)
+    return jax.nn.logsumexp(x, axis=common.axis_arg(axis), keepdims=keepdims)
 
 
 def softmax(x, axis=-1):
-    return jax.nn.softmax(x, axis=axis)
+    return jax.nn.softmax(x, axis=common.axis_arg(axis))
 
 
 def log_softmax(x, axis=-1):
-    return jax.nn.log_softmax(x, axis=axis)
+    return jax.nn.log_softmax(x, axis=common.axis_arg(axis))
 
 
 # ---------------------------------------------------------------- shapes
@@ -198,16 +187,13 @@ def stack(xs, axis=0):
 
 
 def getitem(x, index):
-    index = npo.check_index(_normalise_index(index))
-    _check_bounds(x, index)
+    index = _normalise_index(index)
     # x may be a numpy constant indexed by traced ids (an embedding table held fixed).
     return jnp.asarray(x)[index]
 
 
 def take(x, indices, axis=0):
     ndim = len(x.shape)
-    if not -ndim <= axis < ndim:
-        raise ValueError(f"take: axis={axis} is out of range for an array of shape {tuple(x.shape)}")
     return getitem(x, (slice(None),) * (axis % ndim) + (indices,))
 
 
@@ -218,31 +204,6 @@ def _normalise_index(index):
     if isinstance(index, tuple):
         return tuple(np.asarray(i) if isinstance(i, list) else i for i in index)
     return index
-
-
-def _check_bounds(x, index):
-    """Validate a concrete index with numpy, which raises where jax would clamp silently.
-
-    Indexing a zero-stride view of ``x``'s shape costs no memory for slices
-    and one byte per selected element for integer arrays.
-    """
-    items = index if isinstance(index, tuple) else (index,)
-    if builtins.any(_is_traced(i) for i in items):
-        return  # a traced index (token ids inside jit) cannot be checked here
-    items = tuple(np.asarray(i) if isinstance(i, jax.Array) else i for i in items)
-    probe = np.broadcast_to(np.zeros((), dtype=bool), tuple(x.shape))
-    try:
-        probe[items if isinstance(index, tuple) else items[0]]
-    except IndexError as exc:
-        raise IndexError(
-            f"getitem: index {_describe_index(index)} is invalid for shape {tuple(x.shape)}: {exc}"
-        ) from None
-
-
-def _describe_index(index):
-    items = index if isinstance(index, tuple) else (index,)
-    parts = [f"{i.dtype} array{tuple(np.shape(i))}" if hasattr(i, "dtype") and np.ndim(i) else repr(i) for i in items]
-    return "[" + ", ".join(parts) + "]"
 
 
 def pad(x, pad_width, value=0.0):
@@ -263,13 +224,13 @@ def _common_float(x, w):
 def _add_bias(y, bias):
     if bias is None:
         return y
-    return y + jnp.reshape(bias, (1, -1) + (1,) * (y.ndim - 2))
+    return y + jnp.reshape(bias, common.channel_shape(y.ndim))
 
 
 def conv(x, w, bias=None, stride=1, padding=0, dilation=1, groups=1):
-    # The numpy geometry validates the arguments and resolves torch's padding
-    # forms; 1-d is lifted to 2-d there, so keep the last nd entries.
-    g, nd = npo.conv_geometry(_shape(x), _shape(w), stride, padding, dilation, groups)
+    # The shared geometry resolves torch's padding forms; 1-d is lifted to 2-d
+    # there, so keep the last nd entries.
+    g, nd = common.conv_geometry(_shape(x), _shape(w), stride, padding, dilation, groups)
     x, w = _common_float(x, w)
     y = lax.conv_general_dilated(
         x, w,
@@ -291,18 +252,7 @@ def conv_transpose(x, w, bias=None, stride=1, padding=0, output_padding=0, dilat
     each side is padded by ``dilation*(k-1) - padding`` (negative values crop),
     plus ``output_padding`` at the end.
     """
-    if isinstance(padding, str):
-        raise ValueError(
-            f"conv_transpose: padding={padding!r}; torch's transposed convolutions take an int or "
-            "a tuple of ints, not 'same'/'valid'"
-        )
     xs, ws = _shape(x), _shape(w)
-    if len(xs) == len(ws) and len(xs) > 1 and xs[1] != ws[0]:
-        raise ValueError(
-            f"conv_transpose: input {xs} has {xs[1]} channels but weight {ws} expects {ws[0]}; "
-            "a transposed-convolution weight is (in, out/groups, *kernel)"
-        )
-    npo.transposed_geometry(xs, ws, stride, padding, output_padding, dilation, groups)  # validates the rest
     nd = len(xs) - 2
     s, p, d, op = (kernels.pair(v, nd, name) for v, name in (
         (stride, "stride"), (padding, "padding"), (dilation, "dilation"), (output_padding, "output_padding")))
@@ -327,12 +277,6 @@ def conv_transpose(x, w, bias=None, stride=1, padding=0, output_padding=0, dilat
 
 
 # ---------------------------------------------------------------- pooling
-def _pool_geometry(x, kernel_size, stride, padding, name):
-    if len(x.shape) != 4:
-        raise ValueError(f"{name}: input of shape {_shape(x)}; expected 4-d NCHW")
-    return kernels.pool_geometry(_shape(x), kernel_size, stride, padding)
-
-
 def _window_reduce(x, g, init, op):
     return lax.reduce_window(
         x, np.array(init, dtype=x.dtype), op,
@@ -345,12 +289,12 @@ def _window_reduce(x, g, init, op):
 def max_pool2d(x, kernel_size, stride=None, padding=0):
     # reduce_window with a -inf identity is jax's differentiable window max;
     # its gradient goes to the first maximum of each window, as torch's does.
-    g = _pool_geometry(x, kernel_size, stride, padding, "max_pool2d")
+    g = common.pool_geometry("max_pool2d", _shape(x), kernel_size, stride, padding)
     return _window_reduce(x, g, -np.inf, lax.max)
 
 
 def avg_pool2d(x, kernel_size, stride=None, padding=0, count_include_pad=True):
-    g = _pool_geometry(x, kernel_size, stride, padding, "avg_pool2d")
+    g = common.pool_geometry("avg_pool2d", _shape(x), kernel_size, stride, padding)
     scale = np.full((g.oh, g.ow), 1.0 / (g.kh * g.kw))
     if not count_include_pad:
         scale = scale * kernels.avg_pool_correction(g)
@@ -378,7 +322,7 @@ def _constant_like(c, x):
 
 def _feature_shape(x):
     """(1, C, 1, ...): a per-channel vector broadcast along axis 1 of an (N, C, ...) array."""
-    return (1, x.shape[1]) + (1,) * (x.ndim - 2)
+    return common.channel_shape(x.ndim, x.shape[1])
 
 
 def linear(x, weight, bias=None):
@@ -388,11 +332,6 @@ def linear(x, weight, bias=None):
     flax's ``(in, out)`` kernel contracts axis 0.
     """
     x, weight = _common_float(x, weight)
-    if weight.ndim not in (1, 2):
-        raise ValueError(f"linear: weight of shape {_shape(weight)}; expected (out, in) or (in,)")
-    if x.ndim == 0 or x.shape[-1] != weight.shape[-1]:
-        raise ValueError(f"linear: input of shape {_shape(x)} does not match weight {_shape(weight)}: "
-                         f"its last dim must be in={weight.shape[-1]}")
     y = lax.dot_general(x, weight, (((x.ndim - 1,), (weight.ndim - 1,)), ((), ())), precision=_HIGHEST)
     if bias is None:
         return y
@@ -422,15 +361,11 @@ def batch_norm(x, running_mean=None, running_var=None, weight=None, bias=None, t
     unbiased), under ``stop_gradient`` as torch updates them under no_grad,
     and keep their own dtype; ``momentum`` may be a 0-d array.
     """
-    if x.ndim < 2:
-        raise ValueError(f"batch_norm: input of shape {_shape(x)}; expected (N, C, ...)")
     axes = (0,) + tuple(range(2, x.ndim))
     fshape = _feature_shape(x)
     w = None if weight is None else jnp.reshape(weight, fshape)
     b = None if bias is None else jnp.reshape(bias, fshape)
     if not training:
-        if running_mean is None or running_var is None:
-            raise ValueError("batch_norm: training=False needs running_mean and running_var")
         y = _flax_normalize(x, jnp.reshape(running_mean, fshape), jnp.reshape(running_var, fshape), eps, w, b)
         return y, running_mean, running_var
     mean = jnp.mean(x, axis=axes, keepdims=True)
@@ -446,20 +381,12 @@ def batch_norm(x, running_mean=None, running_var=None, weight=None, bias=None, t
     return y, new_mean.astype(jnp.result_type(running_mean)), new_var.astype(jnp.result_type(running_var))
 
 
-def _trailing_axes(x, normalized_shape, name):
-    shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(int(d) for d in normalized_shape)
-    k = len(shape)
-    if k == 0 or k > x.ndim or _shape(x)[x.ndim - k:] != shape:
-        raise ValueError(f"{name}: normalized_shape {shape} is not the trailing shape of the input {_shape(x)}")
-    return tuple(range(x.ndim - k, x.ndim))
-
-
 def layer_norm(x, normalized_shape, weight=None, bias=None, eps=1e-5):
     """equinox.nn.LayerNorm over the trailing ``normalized_shape`` dims (equinox vmaps over the rest).
 
     ``jnp.mean``, ``jnp.var``, ``lax.rsqrt``; ``weight * out + bias``.
     """
-    axes = _trailing_axes(x, normalized_shape, "layer_norm")
+    axes = common.trailing_axes("layer_norm", _shape(x), normalized_shape)
     mean = jnp.mean(x, axis=axes, keepdims=True)
     variance = jnp.var(x, axis=axes, keepdims=True)
     inv = _rsqrt(variance + eps)
@@ -477,9 +404,6 @@ def group_norm(x, num_groups, weight=None, bias=None, eps=1e-5):
     Channels split into ``num_groups`` groups; ``jnp.mean``/``jnp.var`` over
     each group, ``lax.rsqrt``, then the per-channel ``weight * out + bias``.
     """
-    if x.ndim < 2 or num_groups <= 0 or x.shape[1] % num_groups:
-        raise ValueError(f"group_norm: num_groups={num_groups} must divide the channels (axis 1) of the input "
-                         f"{_shape(x)}")
     y = jnp.reshape(x, (x.shape[0], num_groups, x.shape[1] // num_groups) + _shape(x)[2:])
     axes = tuple(range(2, y.ndim))
     mean = jnp.mean(y, axis=axes, keepdims=True)
@@ -499,7 +423,7 @@ def rms_norm(x, normalized_shape, weight=None, eps=None):
     ``x * (rsqrt(mean(x^2) + eps) * scale)``; ``eps=None`` is the dtype's
     machine epsilon, as torch's.
     """
-    axes = _trailing_axes(x, normalized_shape, "rms_norm")
+    axes = common.trailing_axes("rms_norm", _shape(x), normalized_shape)
     eps = float(jnp.finfo(x.dtype).eps) if eps is None else eps
     var = jnp.mean(lax.square(x), axis=axes, keepdims=True)
     mul = _rsqrt(var + eps)
@@ -583,13 +507,8 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_mask
     A query row whose boolean mask is all False gets the mean of the values
     here (jax's and flax's masks are a large finite negative), NaN in torch.
     """
-    if is_causal and attn_mask is not None:
-        raise ValueError("scaled_dot_product_attention: give attn_mask or is_causal=True, not both (as torch)")
     dtype = jnp.result_type(query, key, value)
     q, k, v = (jnp.asarray(t, dtype) for t in (query, key, value))
-    if q.ndim < 2 or k.ndim < 2 or v.ndim < 2:
-        raise ValueError(f"scaled_dot_product_attention: query {_shape(q)}, key {_shape(k)}, value {_shape(v)}; "
-                         "each must be (..., length, features)")
     L, S = q.shape[-2], k.shape[-2]
     extra = [_shape(m)[:-2] for m in (attn_mask, dropout_mask) if m is not None]
     batch = tuple(jnp.broadcast_shapes(_shape(q)[:-2], _shape(k)[:-2], _shape(v)[:-2], *extra))
@@ -614,34 +533,20 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_mask
 
 
 # -- embedding ---------------------------------------------------------------
-def _check_integer(ids, name, what):
-    if not jnp.issubdtype(ids.dtype, jnp.integer):
-        raise TypeError(f"{name}: {what} of dtype {np.dtype(ids.dtype)}; expected an integer array")
-
-
 def embedding(ids, weight, padding_idx=None):
     """flax.linen.Embed: ``jnp.take(weight, ids, axis=0)``, plus the contract's zeros at ``padding_idx``.
 
     A negative ``padding_idx`` counts from the end, as torch's.  Concrete ids
-    outside ``[0, num)`` raise, as torch does; traced ones cannot be checked,
-    and give NaN rows (jnp.take's fill mode; negatives are sent out of range
-    first, since jnp.take would wrap them).
+    outside ``[0, num)`` were refused by the op's rule; traced ones cannot be
+    checked, and give NaN rows (jnp.take's fill mode; negatives are sent out
+    of range first, since jnp.take would wrap them).
     """
     ids = jnp.asarray(ids) if isinstance(ids, (list, tuple)) else ids
-    _check_integer(ids, "embedding", "ids")
     weight = jnp.asarray(weight)
     num = weight.shape[0]
-    if not _is_traced(ids):
-        concrete = np.asarray(ids)
-        if concrete.size and (concrete.min() < 0 or concrete.max() >= num):
-            bad = concrete[(concrete < 0) | (concrete >= num)][0]
-            raise IndexError(f"embedding: id {int(bad)} is out of range for a table of {num} rows "
-                             f"(weight {_shape(weight)}); ids must be in [0, {num})")
     out = jnp.take(weight, jnp.where(ids < 0, num, ids), axis=0, mode="fill")
     if padding_idx is None:
         return out
-    if not -num <= padding_idx < num:
-        raise ValueError(f"embedding: padding_idx={padding_idx} is out of range for a table of {num} rows")
     pad = jnp.expand_dims(ids == (padding_idx % num), -1)
     return jnp.where(pad, jnp.zeros((), out.dtype), out)
 
@@ -652,50 +557,37 @@ def _reduce_loss(loss, reduction, denominator=None):
         return loss
     if reduction == "sum":
         return jnp.sum(loss)
-    if reduction == "mean":
-        return jnp.mean(loss) if denominator is None else jnp.sum(loss) / denominator
-    raise ValueError(f"reduction={reduction!r}; expected 'mean', 'sum' or 'none'")
+    return jnp.mean(loss) if denominator is None else jnp.sum(loss) / denominator  # "mean"
 
 
-def _class_targets(target, num_classes, ignore_index, name):
+def _class_targets(target, num_classes, ignore_index):
     """(ignored, safe): where the label is ignored, and labels safe to gather with.
 
     Ignored labels gather class 0 (their loss is masked out), so
     ``ignore_index`` (-100 by default) never indexes; concrete labels out of
-    range raise, as torch's; traced ones are sent past the last class, where
-    jnp.take_along_axis's fill mode makes the loss NaN instead of clamping.
+    range were refused by the op's rule; traced ones are sent past the last
+    class, where jnp.take_along_axis's fill mode makes the loss NaN instead of
+    clamping.
     """
     target = jnp.asarray(target) if isinstance(target, (list, tuple, np.ndarray)) else target
-    _check_integer(target, name, "target")
-    if not _is_traced(target):
-        t = np.asarray(target)
-        bad = (t != ignore_index) & ((t < 0) | (t >= num_classes))
-        if bad.any():
-            raise IndexError(f"{name}: target {int(t[bad][0])} is out of bounds for {num_classes} classes "
-                             f"(ignore_index={ignore_index}); targets must be in [0, {num_classes})")
     ignored = target == ignore_index
     safe = jnp.where(ignored, 0, jnp.where(target < 0, num_classes, target))
     return ignored, safe
 
 
-def _nll(logp, target, weight, ignore_index, name):
+def _nll(logp, target, weight, ignore_index):
     """optax.softmax_cross_entropy_with_integer_labels' gather (``jnp.take_along_axis``) with torch's weights.
 
     Returns the per-element loss (0 where ignored), each element's weight
     (the target class's weight, 0 where ignored) and where it is ignored.
     """
-    ignored, safe = _class_targets(target, logp.shape[1], ignore_index, name)
+    ignored, safe = _class_targets(target, logp.shape[1], ignore_index)
     picked = jnp.take_along_axis(logp, jnp.expand_dims(safe, 1), axis=1, mode="fill")
     nll = -jnp.squeeze(picked, 1)
     keep = jnp.where(ignored, jnp.zeros((), logp.dtype), jnp.ones((), logp.dtype))
     if weight is not None:
         keep = keep * jnp.take(weight, safe, mode="fill")
     return nll * keep, keep, ignored
-
-
-def _check_classes(x, name):
-    if x.ndim < 2:
-        raise ValueError(f"{name}: logits of shape {_shape(x)}; expected (N, C) or (N, C, d1, ...)")
 
 
 def cross_entropy(input, target, weight=None, ignore_index=-100, reduction="mean", label_smoothing=0.0):
@@ -710,20 +602,16 @@ def cross_entropy(input, target, weight=None, ignore_index=-100, reduction="mean
     that includes a class ``weight`` with smoothing, which the derived body
     does not support.
     """
-    _check_classes(input, "cross_entropy")
     num_classes = input.shape[1]
     logp = _log_softmax(input, axis=1)
     w = None if weight is None else _constant_like(weight, input)
     if jnp.issubdtype(jnp.result_type(target), jnp.floating):
-        if _shape(target) != _shape(input):
-            raise ValueError(f"cross_entropy: probability targets of shape {_shape(target)} must match "
-                             f"logits {_shape(input)}")
         p = target
         if label_smoothing:
             p = p * (1.0 - label_smoothing) + label_smoothing / num_classes
         terms = logp * p if w is None else logp * p * jnp.reshape(w, _feature_shape(input))
         return _reduce_loss(-jnp.sum(terms, axis=1), reduction)  # "mean" over every element but the classes
-    loss, keep, ignored = _nll(logp, target, w, ignore_index, "cross_entropy")
+    loss, keep, ignored = _nll(logp, target, w, ignore_index)
     denominator = jnp.sum(keep) if reduction == "mean" else None
     if not label_smoothing:
         return _reduce_loss(loss, reduction, denominator)
@@ -735,9 +623,8 @@ def cross_entropy(input, target, weight=None, ignore_index=-100, reduction="mean
 
 def nll_loss(input, target, weight=None, ignore_index=-100, reduction="mean"):
     """torch's nll_loss on log-probabilities (N, C, ...), gathered as optax gathers (``jnp.take_along_axis``)."""
-    _check_classes(input, "nll_loss")
     w = None if weight is None else _constant_like(weight, input)
-    loss, keep, _ = _nll(input, target, w, ignore_index, "nll_loss")
+    loss, keep, _ = _nll(input, target, w, ignore_index)
     return _reduce_loss(loss, reduction, jnp.sum(keep) if reduction == "mean" else None)
 
 

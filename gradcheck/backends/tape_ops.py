@@ -19,6 +19,7 @@ import numpy as np
 
 from gradcheck import kernels
 from gradcheck import ops as o
+from gradcheck.backends import common
 from gradcheck.backends import numpy_ops as npo
 from gradcheck.tape import Primitive, Tensor, raw
 
@@ -36,10 +37,7 @@ def unbroadcast(g, shape):
     gshape = _shape(g)
     if gshape == tuple(shape):
         return g
-    lead = len(gshape) - len(shape)
-    axes = tuple(range(lead)) + tuple(
-        i + lead for i, s in enumerate(shape) if s == 1 and gshape[i + lead] != 1
-    )
+    axes = kernels.summed_axes(gshape, tuple(shape))
     if axes:
         g = o.sum(g, axis=axes, keepdims=True)
     return o.reshape(g, tuple(shape))
@@ -47,9 +45,7 @@ def unbroadcast(g, shape):
 
 def _keep_shape(shape, axis):
     """``shape`` with the reduced axes kept as size 1."""
-    if axis is None:
-        return (1,) * len(shape)
-    axes = {a % len(shape) for a in ((axis,) if isinstance(axis, int) else axis)}
+    axes = common.normal_axes("sum", axis, shape)
     return tuple(1 if i in axes else s for i, s in enumerate(shape))
 
 
@@ -65,7 +61,7 @@ def asarray(value, like=None, dtype=None):
     if isinstance(value, Tensor):
         # A tensor stays on the tape, as torch.as_tensor and jnp.asarray keep theirs: a cast
         # (to ``dtype``, or a float to ``like``'s float dtype) is the differentiable astype.
-        target = npo.asarray_dtype(value.value, raw(like) if like is not None else None, dtype)
+        target = common.asarray_dtype(value.value, raw(like) if like is not None else None, dtype)
         return value if target is None or target == value.dtype else astype(value, target)
     return npo.asarray(raw(value), like=raw(like) if like is not None else None, dtype=dtype)
 
@@ -197,7 +193,6 @@ _matmul = _p("matmul", npo.matmul).defvjp(
 
 def matmul(a, b):
     """1-d operands are promoted as numpy does, so the primitive only sees matrices."""
-    npo.check_matmul(_shape(a), _shape(b))  # before promotion, so the message shows the caller's shapes
     va, vb = len(_shape(a)) == 1, len(_shape(b)) == 1
     out = _matmul(o.expand_dims(a, 0) if va else a, o.expand_dims(b, -1) if vb else b)
     if vb:
@@ -207,18 +202,8 @@ def matmul(a, b):
     return out
 
 
-def _parse_einsum(subscripts: str):
-    if "->" not in subscripts or "." in subscripts:
-        raise ValueError(
-            f"einsum {subscripts!r}: the tape needs an explicit output and no ellipsis, "
-            "e.g. 'bij,bjk->bik'"
-        )
-    ins, out = subscripts.replace(" ", "").split("->")
-    return ins.split(","), out
-
-
 def _einsum_vjp(argnum, g, ans, *operands, subscripts):
-    ins, out = _parse_einsum(subscripts)
+    ins, out = common.einsum_terms(subscripts)
     mine = ins[argnum]
     if len(set(mine)) != len(mine):
         raise NotImplementedError(f"einsum {subscripts!r}: no tape gradient for an operand with a repeated index")
@@ -237,7 +222,6 @@ _einsum = _p("einsum", lambda *ops_, subscripts: np.einsum(subscripts, *ops_)).d
 
 
 def einsum(subscripts, *operands):
-    _parse_einsum(subscripts)
     return _einsum(*operands, subscripts=subscripts)
 
 
@@ -255,7 +239,7 @@ def _chooser_vjp(g, ans, x, axis=None, keepdims=False):
     """Max/min: the gradient is split evenly among the elements equal to the result."""
     shape = _shape(x)
     hit = raw(x) == np.reshape(raw(ans), _keep_shape(shape, axis))
-    share = _const(hit / hit.sum(axis=axis, keepdims=True), x)
+    share = _const(hit / hit.sum(axis=common.axis_arg(axis), keepdims=True), x)
     return o.mul(_expand(g, shape, axis, keepdims), share)
 
 
@@ -330,16 +314,14 @@ _getitem = _p("getitem", lambda x, index: x[index]).defvjp(
 
 def _plain_index(item):
     # Integer arrays handed to f (token ids, labels) arrive as constant tape
-    # tensors; as indices they are plain numpy.  A float tensor is refused by
-    # check_index below.
-    return item.value if isinstance(item, Tensor) and not item.requires_grad else item
+    # tensors; as indices they are plain numpy.
+    return item.value if isinstance(item, Tensor) else item
 
 
 def getitem(x, index):
+    # The op's rule refused float indices, and only float tensors require grad: a tensor here is a constant.
     index = tuple(_plain_index(i) for i in index) if isinstance(index, tuple) else _plain_index(index)
-    if isinstance(index, Tensor) or (isinstance(index, tuple) and builtins.any(isinstance(i, Tensor) for i in index)):
-        raise TypeError("getitem: an index must be ints, slices or integer arrays, not a tensor that requires grad")
-    return _getitem(x, index=npo.check_index(index))
+    return _getitem(x, index=index)
 
 
 _pad = _p("pad", npo.pad).defvjp(
@@ -349,7 +331,7 @@ _pad = _p("pad", npo.pad).defvjp(
 
 def pad(x, pad_width, value=0.0):
     # One (before, after) pair per axis, which is what the VJP slices by.
-    return _pad(x, npo.pad_pairs(_shape(x), pad_width), value=value)
+    return _pad(x, common.pad_pairs(_shape(x), pad_width), value=value)
 
 
 # ---------------------------------------------------------------- convolution
@@ -382,16 +364,16 @@ _conv_weight_grad.defvjp(
 def _add_bias(y, bias):
     if bias is None:
         return y
-    return o.add(y, o.reshape(bias, (1, -1) + (1,) * (len(_shape(y)) - 2)))
+    return o.add(y, o.reshape(bias, common.channel_shape(len(_shape(y)))))
 
 
 def conv(x, w, bias=None, stride=1, padding=0, dilation=1, groups=1):
-    geom, nd = npo.conv_geometry(_shape(x), _shape(w), stride, padding, dilation, groups)
+    geom, nd = common.conv_geometry(_shape(x), _shape(w), stride, padding, dilation, groups)
     return _add_bias(_conv(x, w, geom=geom, nd=nd), bias)
 
 
 def conv_transpose(x, w, bias=None, stride=1, padding=0, output_padding=0, dilation=1, groups=1):
-    geom, nd = npo.transposed_geometry(_shape(x), _shape(w), stride, padding, output_padding, dilation, groups)
+    geom, nd = common.transposed_geometry(_shape(x), _shape(w), stride, padding, output_padding, dilation, groups)
     return _add_bias(_conv_input_grad(x, w, geom=geom, nd=nd), bias)
 
 
@@ -431,9 +413,7 @@ _normalize.defvjp_joint(_normalize_vjp)
 
 def normalize(x, axes, eps, weight=None, bias=None):
     """``gradcheck.ops.normalize`` as one node (see there); ``mean`` and ``var`` carry no gradient."""
-    shape = _shape(x)
-    o.check_normalize_affine(shape, weight, bias)
-    axes = kernels.reduced_axes(axes, len(shape))
+    axes = common.normal_axes("normalize", axes, _shape(x))
     mean, var, centred, rstd = kernels.normalize_stats(raw(x), axes, eps)
     y = _normalize(x, weight, bias, axes=axes, eps=eps, stats=(centred, rstd))
     return y, Tensor(mean), Tensor(var)
@@ -449,7 +429,7 @@ _max_pool = _p("max_pool2d", lambda x, geom: kernels.max_pool2d(x, geom)).defvjp
 
 
 def max_pool2d(x, kernel_size, stride=None, padding=0):
-    return _max_pool(x, geom=kernels.pool_geometry(_shape(x), kernel_size, stride, padding))
+    return _max_pool(x, geom=common.pool_geometry("max_pool2d", _shape(x), kernel_size, stride, padding))
 
 
 # Links a tensor of an outer gradient computation into an inner one.

@@ -20,6 +20,9 @@ check that none of them runs a composition of other ops).  The exceptions:
 the layers call ``batch_norm``/``layer_norm``/``group_norm``) runs the derived
 composition in ``gradcheck.ops``; ``softmax``/``log_softmax`` over several axes
 at once are composed from ``torch.logsumexp`` (torch's take one dim).
+
+Arguments arrive checked by the rules in ``gradcheck/backends/common.py``, so
+a wrong shape gets the message every backend gives, not torch's own.
 """
 
 from __future__ import annotations
@@ -30,6 +33,8 @@ import warnings
 import numpy as np
 import torch
 import torch.nn.functional as F
+
+from gradcheck.backends import common
 
 # torch warns that an even kernel with padding="same" copies the input; that
 # is the semantics gradcheck asks for, so the warning only clutters reports.
@@ -120,11 +125,9 @@ def asarray(value, like=None, dtype=None):
         out = value if like is None else value.to(like.device)
     else:
         out = _numpy_to_torch(value, like.device if like is not None else None)
-    if dtype is not None:
-        return out.to(_torch_dtype(dtype))
-    if like is not None and out.is_floating_point() and like.is_floating_point():
-        out = out.to(like.dtype)  # a float constant lives in the activations' precision
-    return out
+    # A float constant lives in the activations' precision.
+    target = common.asarray_dtype(out, like, dtype)
+    return out if target is None else out.to(_torch_dtype(target))
 
 
 def astype(x, dtype):
@@ -294,19 +297,8 @@ def einsum(subscripts, *operands):
 
 
 # ---------------------------------------------------------------- reductions
-def _dims(x, axis) -> tuple[int, ...]:
-    """numpy's ``axis`` (None, an int, a tuple or list) as a sorted tuple of non-negative dims."""
-    if axis is None:
-        return tuple(range(x.ndim))
-    axes = (axis,) if isinstance(axis, (int, np.integer)) else tuple(axis)
-    for a in axes:
-        if not -x.ndim <= a < x.ndim:
-            raise ValueError(f"axis {a} is out of bounds for an array of shape {tuple(x.shape)}")
-    return tuple(sorted({int(a) % x.ndim for a in axes}))
-
-
 def _reduce(fn, x, axis, keepdims, **kwargs):
-    dims = _dims(x, axis)
+    dims = common.normal_axes(fn.__name__, axis, tuple(x.shape))
     if not dims:
         # A 0-d input, or axis=(): numpy reduces nothing, torch would reduce everything.
         return fn(x.unsqueeze(0), dim=0, **kwargs)
@@ -372,12 +364,7 @@ def reshape(x, shape):
 def transpose(x, axes=None):
     if axes is None:
         axes = tuple(reversed(range(x.ndim)))
-    axes, n = tuple(int(a) for a in axes), x.ndim
-    if sorted(a + n if a < 0 else a for a in axes) != list(range(n)):
-        raise ValueError(
-            f"transpose: axes {axes} are not a permutation of the {x.ndim} axes of shape {tuple(x.shape)}"
-        )
-    return x.permute(axes)
+    return x.permute(tuple(int(a) for a in axes))
 
 
 def broadcast_to(x, shape):
@@ -412,10 +399,7 @@ def _index_part(i, device):
             return _numpy_to_torch(arr, device)
         if arr.dtype.kind in "iu" or arr.size == 0:
             return _numpy_to_torch(arr.astype(np.int64), device)  # torch indexes with long tensors
-    raise TypeError(
-        f"getitem: index component {i!r} of type {type(i).__name__} is not supported; "
-        "use ints, slices, None, Ellipsis, or numpy integer/bool arrays"
-    )
+    raise TypeError(f"getitem: index component {i!r} of type {type(i).__name__}")  # refused by the op's rule
 
 
 def _axes_used(part) -> int:
@@ -478,19 +462,10 @@ def getitem(x, index):
     return x[tuple(parts)]
 
 
-def _is_int_array(a) -> bool:
-    if isinstance(a, torch.Tensor):
-        return not (a.is_floating_point() or a.is_complex() or a.dtype == torch.bool)
-    return a.dtype.kind in "iu"
-
-
 def take(x, indices, axis=0):
     x = _tensor(x, _ref(x, indices))  # the table may be a numpy constant indexed by a tensor
     axis = int(axis) % x.ndim
-    idx = indices if isinstance(indices, torch.Tensor) else np.asarray(indices)
-    if not _is_int_array(idx):
-        raise TypeError(f"take: indices must be an integer array, got dtype {idx.dtype}")
-    idx = _index_part(idx, x.device)
+    idx = _index_part(indices if isinstance(indices, torch.Tensor) else np.asarray(indices), x.device)
     size = x.shape[axis]
     idx = torch.where(idx < 0, idx + size, idx)  # numpy's negative indices; index_select has none
     flat = torch.index_select(x, axis, idx.reshape(-1))
@@ -498,27 +473,13 @@ def take(x, indices, axis=0):
 
 
 def pad(x, pad_width, value=0.0):
-    widths = np.broadcast_to(np.asarray(pad_width, dtype=np.int64), (x.ndim, 2))
-    if (widths < 0).any():
-        raise ValueError(
-            f"pad: pad_width {pad_width!r} has a negative width; numpy's pad does not crop"
-        )
+    widths = common.pad_pairs(tuple(x.shape), pad_width)
     # F.pad lists (before, after) from the last axis backwards.
-    flat = [int(w) for before_after in widths[::-1] for w in before_after]
+    flat = [w for before_after in widths[::-1] for w in before_after]
     return F.pad(x, flat, mode="constant", value=float(value))
 
 
 # ---------------------------------------------------------------- neural-network ops
-def _spatial_dims(name, x, w) -> int:
-    nd = x.ndim - 2
-    if nd not in (1, 2) or w.ndim != x.ndim:
-        raise ValueError(
-            f"{name}: input {tuple(x.shape)} and weight {tuple(w.shape)}: expected NCL with a 3-d "
-            "weight or NCHW with a 4-d weight (1-d and 2-d are what the other backends support)"
-        )
-    return nd
-
-
 def _conv_args(x, w, bias):
     """Input, weight and bias as tensors (any of them may be a numpy constant)."""
     ref = _ref(x, w, bias)
@@ -534,10 +495,7 @@ def _int_or_tuple(v):
 
 def conv(x, w, bias=None, stride=1, padding=0, dilation=1, groups=1):
     x, w, bias = _conv_args(x, w, bias)
-    nd = _spatial_dims("conv", x, w)
-    fn = F.conv1d if nd == 1 else F.conv2d
-    if isinstance(padding, str) and padding not in ("same", "valid"):
-        raise ValueError(f"conv: padding={padding!r}; expected an int, a tuple, 'same' or 'valid'")
+    fn = F.conv1d if x.ndim == 3 else F.conv2d
     return fn(
         x,
         w,
@@ -551,12 +509,7 @@ def conv(x, w, bias=None, stride=1, padding=0, dilation=1, groups=1):
 
 def conv_transpose(x, w, bias=None, stride=1, padding=0, output_padding=0, dilation=1, groups=1):
     x, w, bias = _conv_args(x, w, bias)
-    nd = _spatial_dims("conv_transpose", x, w)
-    if isinstance(padding, str):
-        raise ValueError(
-            f"conv_transpose: padding={padding!r}; torch's transposed convolution takes ints only"
-        )
-    fn = F.conv_transpose1d if nd == 1 else F.conv_transpose2d
+    fn = F.conv_transpose1d if x.ndim == 3 else F.conv_transpose2d
     return fn(
         x,
         w,
@@ -569,13 +522,7 @@ def conv_transpose(x, w, bias=None, stride=1, padding=0, output_padding=0, dilat
     )
 
 
-def _pool_input(name, x):
-    if x.ndim != 4:
-        raise ValueError(f"{name}: input of shape {tuple(x.shape)} is not NCHW (4-d)")
-
-
 def max_pool2d(x, kernel_size, stride=None, padding=0):
-    _pool_input("max_pool2d", x)
     return F.max_pool2d(
         x,
         _int_or_tuple(kernel_size),
@@ -585,7 +532,6 @@ def max_pool2d(x, kernel_size, stride=None, padding=0):
 
 
 def avg_pool2d(x, kernel_size, stride=None, padding=0, count_include_pad=True):
-    _pool_input("avg_pool2d", x)
     return F.avg_pool2d(
         x,
         _int_or_tuple(kernel_size),
@@ -596,7 +542,6 @@ def avg_pool2d(x, kernel_size, stride=None, padding=0, count_include_pad=True):
 
 
 def adaptive_avg_pool2d(x, output_size):
-    _pool_input("adaptive_avg_pool2d", x)
     return F.adaptive_avg_pool2d(x, _int_or_tuple(output_size))
 
 
@@ -606,23 +551,13 @@ def adaptive_avg_pool2d(x, output_size):
 # F.linear is what gradcheck exists to catch.  Constants (integer targets,
 # class weights, masks) may be numpy arrays; they land on the input's device,
 # float ones in the input's dtype.
-def _float_tensor(name, x, ref=None):
-    """``x`` as a float tensor (a numpy constant takes ``ref``'s dtype and device)."""
-    x = _tensor(x, ref if ref is not None else _ref(x))
-    if not x.is_floating_point():
-        raise TypeError(f"{name}: expected a float array, got dtype {x.dtype}")
-    return x
-
-
 def _optional(x, ref):
     return None if x is None else _tensor(x, ref)
 
 
-def _index_tensor(name, ids, ref) -> torch.Tensor:
+def _index_tensor(ids, ref) -> torch.Tensor:
     """Integer ids or labels as the long tensor torch's kernels index with."""
     ids = ids if isinstance(ids, torch.Tensor) else _numpy_to_torch(ids, ref.device)
-    if ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool:
-        raise TypeError(f"{name}: expected integer indices, got dtype {ids.dtype}")
     return ids.to(device=ref.device, dtype=torch.long)
 
 
@@ -635,41 +570,15 @@ def _no_gradient(name, what, t):
         )
 
 
-def _reduction(name, reduction):
-    if reduction not in ("mean", "sum", "none"):
-        raise ValueError(f"{name}: reduction={reduction!r}; expected 'mean', 'sum' or 'none'")
-
-
 def linear(x, weight, bias=None):
     ref = _ref(x, weight, bias)
     x, weight, bias = _tensor(x, ref), _tensor(weight, ref), _optional(bias, ref)
-    if weight.ndim not in (1, 2) or x.shape[-1:] != weight.shape[-1:]:
-        raise ValueError(
-            f"linear: input {tuple(x.shape)} and weight {tuple(weight.shape)}: the weight is "
-            "(out_features, in_features) and its in_features must match the input's last dim"
-        )
     return F.linear(x, weight, bias)
 
 
 def batch_norm(x, running_mean=None, running_var=None, weight=None, bias=None, training=True, momentum=0.1,
                eps=1e-5):
-    x = _float_tensor("batch_norm", x)
-    if x.ndim < 2:
-        raise ValueError(f"batch_norm: input of shape {tuple(x.shape)}; expected (N, C, ...)")
-    if (running_mean is None) != (running_var is None):
-        raise ValueError("batch_norm: give both running_mean and running_var, or neither")
-    if not training and running_mean is None:
-        raise ValueError("batch_norm: training=False needs running_mean and running_var")
-    if momentum is None:
-        raise ValueError(
-            "batch_norm: momentum=None; pass the cumulative factor 1 / num_batches_tracked "
-            "(as torch.nn.BatchNorm does for momentum=None)"
-        )
-    c = x.shape[1]
-    for name, a in (("running_mean", running_mean), ("running_var", running_var), ("weight", weight),
-                    ("bias", bias)):
-        if a is not None and tuple(a.shape) != (c,):
-            raise ValueError(f"batch_norm: {name} of shape {tuple(a.shape)}; expected ({c},), one per channel")
+    x = _tensor(x, _ref(x))
     weight, bias = _optional(weight, x), _optional(bias, x)
     for name, a in (("running_mean", running_mean), ("running_var", running_var), ("momentum", momentum)):
         _no_gradient("batch_norm", name, a)
@@ -688,28 +597,17 @@ def batch_norm(x, running_mean=None, running_var=None, weight=None, bias=None, t
 
 
 def _trailing_shape(name, x, normalized_shape):
-    shape = (int(normalized_shape),) if isinstance(normalized_shape, (int, np.integer)) else tuple(
-        int(d) for d in normalized_shape)
-    if tuple(x.shape[x.ndim - len(shape):]) != shape or len(shape) > x.ndim:
-        raise ValueError(
-            f"{name}: input of shape {tuple(x.shape)} does not end with normalized_shape {shape}"
-        )
-    return shape
+    return tuple(x.shape[a] for a in common.trailing_axes(name, tuple(x.shape), normalized_shape))
 
 
 def layer_norm(x, normalized_shape, weight=None, bias=None, eps=1e-5):
-    x = _float_tensor("layer_norm", x)
+    x = _tensor(x, _ref(x))
     shape = _trailing_shape("layer_norm", x, normalized_shape)
     return F.layer_norm(x, shape, _optional(weight, x), _optional(bias, x), eps=float(eps))
 
 
 def group_norm(x, num_groups, weight=None, bias=None, eps=1e-5):
-    x = _float_tensor("group_norm", x)
-    if x.ndim < 2 or x.shape[1] % int(num_groups):
-        raise ValueError(
-            f"group_norm: input of shape {tuple(x.shape)}; expected (N, C, ...) with C divisible by "
-            f"num_groups={num_groups}"
-        )
+    x = _tensor(x, _ref(x))
     weight, bias = _optional(weight, x), _optional(bias, x)
     if weight is None and bias is not None and bias.requires_grad:
         # torch 2.13: F.group_norm's backward fails ("tensor does not have a device") for a bias that
@@ -720,7 +618,7 @@ def group_norm(x, num_groups, weight=None, bias=None, eps=1e-5):
 
 
 def rms_norm(x, normalized_shape, weight=None, eps=None):
-    x = _float_tensor("rms_norm", x)
+    x = _tensor(x, _ref(x))
     shape = _trailing_shape("rms_norm", x, normalized_shape)
     # eps=None: torch, like the derived op, uses the input dtype's machine epsilon.
     return F.rms_norm(x, shape, _optional(weight, x), eps=None if eps is None else float(eps))
@@ -746,14 +644,7 @@ def _sdpa_dropout(dropout_mask, ref):
 def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_mask=None, is_causal=False,
                                  scale=None):
     ref = _ref(query, key, value)
-    q, k, v = _float_tensor("sdpa", query, ref), _float_tensor("sdpa", key, ref), _float_tensor("sdpa", value, ref)
-    if q.ndim < 2 or k.ndim < 2 or v.ndim < 2 or q.shape[-1] != k.shape[-1] or k.shape[-2] != v.shape[-2]:
-        raise ValueError(
-            f"scaled_dot_product_attention: query {tuple(q.shape)}, key {tuple(k.shape)}, value "
-            f"{tuple(v.shape)}; expected (..., L, E), (..., S, E) and (..., S, Ev)"
-        )
-    if is_causal and attn_mask is not None:
-        raise ValueError("scaled_dot_product_attention: give attn_mask or is_causal=True, not both (as torch)")
+    q, k, v = _tensor(query, ref), _tensor(key, ref), _tensor(value, ref)
     if attn_mask is not None:
         attn_mask = _const(attn_mask, q)
         if attn_mask.dtype != torch.bool:
@@ -775,20 +666,11 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_mask
 
 
 def embedding(ids, weight, padding_idx=None):
-    weight = _float_tensor("embedding", weight)
-    if weight.ndim != 2:
-        raise ValueError(f"embedding: weight of shape {tuple(weight.shape)}; expected (num_embeddings, dim)")
-    ids = _index_tensor("embedding", ids, weight)
+    weight = _tensor(weight, _ref(weight))
+    ids = _index_tensor(ids, weight)
     num = weight.shape[0]
-    if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= num):
-        raise ValueError(
-            f"embedding: ids range over [{int(ids.min())}, {int(ids.max())}]; the table has {num} rows "
-            f"(ids must lie in [0, {num}))"
-        )
     if padding_idx is None:
         return F.embedding(ids, weight)
-    if not -num <= int(padding_idx) < num:
-        raise ValueError(f"embedding: padding_idx={padding_idx} is out of range for {num} rows")
     pad = int(padding_idx) % num
     out = F.embedding(ids, weight, padding_idx=pad)
     # F.embedding returns the padding row's values and gives that row no gradient.  The op's
@@ -800,57 +682,29 @@ def embedding(ids, weight, padding_idx=None):
 def _class_weight(name, weight, x):
     if weight is None:
         return None
-    weight = _float_tensor(name, weight, x)
+    weight = _tensor(weight, x)
     _no_gradient(name, "the class weight", weight)
-    if tuple(weight.shape) != (x.shape[1],):
-        raise ValueError(f"{name}: weight of shape {tuple(weight.shape)}; expected ({x.shape[1]},), one per class")
     return weight
 
 
 def cross_entropy(input, target, weight=None, ignore_index=-100, reduction="mean", label_smoothing=0.0):
-    x = _float_tensor("cross_entropy", input, _ref(input, target))
-    if x.ndim < 2:
-        raise ValueError(f"cross_entropy: logits of shape {tuple(x.shape)}; expected (N, C) or (N, C, d1, ...)")
-    _reduction("cross_entropy", reduction)
+    x = _tensor(input, _ref(input, target))
     w = _class_weight("cross_entropy", weight, x)
-    probabilities = (target.is_floating_point() if isinstance(target, torch.Tensor)
-                     else np.asarray(target).dtype.kind == "f")
-    if probabilities:
-        target = _float_tensor("cross_entropy", target, x)
-        if target.shape != x.shape:
-            raise ValueError(
-                f"cross_entropy: probability targets of shape {tuple(target.shape)} must match logits {tuple(x.shape)}"
-            )
-    else:
-        target = _index_tensor("cross_entropy", target, x)
-        if tuple(target.shape) != tuple(x.shape[:1] + x.shape[2:]):
-            raise ValueError(
-                f"cross_entropy: class-index targets of shape {tuple(target.shape)}; logits {tuple(x.shape)} "
-                f"need {tuple(x.shape[:1] + x.shape[2:])}"
-            )
+    target = _tensor(target, x) if common.dtype_of(target).kind == "f" else _index_tensor(target, x)
     return F.cross_entropy(x, target, weight=w, ignore_index=int(ignore_index), reduction=reduction,
                            label_smoothing=float(label_smoothing))
 
 
 def nll_loss(input, target, weight=None, ignore_index=-100, reduction="mean"):
-    x = _float_tensor("nll_loss", input, _ref(input, target))
-    if x.ndim < 2:
-        raise ValueError(f"nll_loss: log-probabilities of shape {tuple(x.shape)}; expected (N, C) or (N, C, d1, ...)")
-    _reduction("nll_loss", reduction)
-    target = _index_tensor("nll_loss", target, x)
-    if tuple(target.shape) != tuple(x.shape[:1] + x.shape[2:]):
-        raise ValueError(
-            f"nll_loss: targets of shape {tuple(target.shape)}; input {tuple(x.shape)} needs "
-            f"{tuple(x.shape[:1] + x.shape[2:])}"
-        )
+    x = _tensor(input, _ref(input, target))
+    target = _index_tensor(target, x)
     return F.nll_loss(x, target, weight=_class_weight("nll_loss", weight, x), ignore_index=int(ignore_index),
                       reduction=reduction)
 
 
 def mse_loss(input, target, reduction="mean"):
     ref = _ref(input, target)
-    x, t = _float_tensor("mse_loss", input, ref), _float_tensor("mse_loss", target, ref)
-    _reduction("mse_loss", reduction)
+    x, t = _tensor(input, ref), _tensor(target, ref)
     if x.shape != t.shape:
         # The derived op broadcasts; F.mse_loss does too, with a warning that it does.
         x, t = torch.broadcast_tensors(x, t)
@@ -859,15 +713,8 @@ def mse_loss(input, target, reduction="mean"):
 
 def binary_cross_entropy_with_logits(input, target, weight=None, reduction="mean", pos_weight=None):
     ref = _ref(input, target, weight, pos_weight)
-    x, t = _float_tensor("binary_cross_entropy_with_logits", input, ref), _float_tensor(
-        "binary_cross_entropy_with_logits", target, ref)
-    _reduction("binary_cross_entropy_with_logits", reduction)
-    if t.shape != x.shape:
-        raise ValueError(
-            f"binary_cross_entropy_with_logits: target of shape {tuple(t.shape)} must match the input {tuple(x.shape)}"
-        )
-    w = None if weight is None else _float_tensor("binary_cross_entropy_with_logits", weight, x)
-    pw = None if pos_weight is None else _float_tensor("binary_cross_entropy_with_logits", pos_weight, x)
+    x, t = _tensor(input, ref), _tensor(target, ref)
+    w, pw = _optional(weight, x), _optional(pos_weight, x)
     _no_gradient("binary_cross_entropy_with_logits", "weight", w)
     _no_gradient("binary_cross_entropy_with_logits", "pos_weight", pw)
     return F.binary_cross_entropy_with_logits(x, t, weight=w, reduction=reduction, pos_weight=pw)
