@@ -2,19 +2,22 @@
 
 For one leaf (a parameter's gradient, an input's gradient, the forward
 output or an updated buffer) each backend gives an array, or nothing.  The
-checks run in order and the first that fails decides the verdict:
+checks run in this order; a failed check 1 or 2 ends the comparison:
 
 1. structure: every backend gives an array (and none gives one where none is
    expected), with the same shape and the expected dtype      -> ``structural``
-2. finiteness: NaN/Inf where another backend is finite        -> ``nonfinite``
-3. substance: the gradient is not zero on every backend       -> ``vacuous``
-4. values: every pair within tolerance                        -> ``disagree``
+2. finiteness: no NaN/Inf on any backend                      -> ``nonfinite``
+   (blamed on the backends that have them, unless every backend has them at
+   the same elements: then the function itself is not finite there)
+3. values: every pair within its tolerance                   -> ``disagree``
+4. substance: a parameter's or input's gradient is not ~0 on every backend
+   (relative to the case's largest gradient entry)            -> ``vacuous``
 
-Check 3 comes before the values' verdict is final because a vacuous leaf is
-only known once every backend's array has been seen.  Values leave the leaf
-``agree`` or ``disagree`` as the pairs say; who is to blame is decided
-afterwards, with the referee's checks, by ``gradcheck.verdict.decide``
-(``judge_leaf`` does both).
+Check 4 overrides check 3: a vacuous leaf's pairs are still compared and
+their numbers recorded, but rounding noise around zero decides nothing.
+Values leave the leaf ``agree`` or ``disagree`` as the pairs say; who is to
+blame is decided afterwards, with the referee's checks, by
+``gradcheck.verdict.decide`` (``judge_leaf`` does both).
 """
 
 from __future__ import annotations
@@ -278,7 +281,10 @@ def first_in_backward_order(leaves: list[LeafResult]) -> str | None:
     Leaves are in forward order.  A wrong VJP in layer k corrupts the gradients
     of layer k and of every layer before it, never those after it; the
     disagreeing parameter that comes *last* in forward order (first in the
-    backward pass) is therefore where the disagreement starts.
+    backward pass) is therefore where the disagreement starts.  Disagreeing
+    here means ``disagree``, ``nonfinite`` or ``structural``; with no such
+    parameter, the first such leaf of another role (an output, a buffer, an
+    input gradient) is named.
     """
     params = [leaf for leaf in leaves if leaf.role == "param" and leaf.verdict in ("disagree", "nonfinite", "structural")]
     if params:

@@ -1,10 +1,11 @@
 """The verdict rules: float64 decides correctness, float32 is measured against float64.
 
-Every case runs every backend twice, in float64 and in float32, from the
-same parameters and inputs (the float32 values, widened exactly).
+A float32 case runs every backend twice, in float64 and in float32, from
+the same parameters and inputs (the float32 values, widened exactly); a
+float64 case runs float64 only and has no float32 part.
 
-**float64 decides.**  Each leaf is compared across every pair of backends
-elementwise and tightly (``gradcheck.compare``, defaults in
+**float64 decides.**  Each leaf is compared across every pair of backends,
+tightly and (by default) elementwise (``gradcheck.compare``, defaults in
 ``gradcheck.tolerance``).  When they disagree, blame needs evidence
 (``decide``): the float64 referee's word where it separates the backends
 (some within its resolution, some outside it), else a clear majority (every
@@ -22,10 +23,11 @@ tolerance, so no fixed bar is set between frameworks; instead a backend is
 ``imprecise`` when ``e_b > factor * min_b' e_b' + floor``: further from
 float64 than a stated multiple of the best backend (the rule of
 torch._dynamo's ``same(..., fp64_ref=...)`` and thunder's ``assert_closer``).
-Kinks cannot make a backend imprecise: every float32 run takes the float64
-reference's branch at them (``gradcheck.kinks``).  Whether ``imprecise``
-fails a case is a setting (``imprecise = "warn" | "fail"``); by default it
-warns, so a run in which nothing is wrong never fails on precision.
+Kinks do not make a backend imprecise: every float32 run takes the float64
+reference's branch at them (``gradcheck.kinks``; where a run cannot be
+pinned, the case's notes say so).  Whether ``imprecise`` fails a case is a
+setting (``imprecise = "warn" | "fail"``); by default it warns, so a run in
+which nothing is wrong never fails on precision.
 """
 
 from __future__ import annotations
@@ -62,10 +64,12 @@ def decide(leaf: LeafResult, names: list[str], referee: list[RefereeCheck] | Non
     worst = max(leaf.pairs, key=lambda p: p.headroom, default=None)
     detail = f" — {worst.message}" if worst is not None and worst.verdict == "disagree" else ""
     if not disagreeing:
-        # Every backend agrees with every other, and the referee with none of them.
+        # Every backend agrees with every other, and the referee misses some of them (all, or those at the edge
+        # of its resolution): evidence against a shared rule, not against one backend.
         leaf.blame = []
-        leaf.message = (f"{_and(names)} agree with each other, but the float64 finite difference differs "
-                        f"({_referee_numbers(stable)}): either every backend shares one wrong rule or the "
+        which = "all of them" if not held else _and(sorted(missed, key=order))
+        leaf.message = (f"{_and(names)} agree with each other, but the float64 finite difference differs from "
+                        f"{which} ({_referee_numbers(stable)}): either every backend shares one wrong rule or the "
                         "function is not smooth within the referee's step here")
         return leaf
     odd = _odd_one_out(names, leaf.pairs)
@@ -196,7 +200,7 @@ def float32_part(arrays32: dict, arrays64: dict, factor: float, floor: float) ->
         return out
     if not out.errors:
         out.verdict = "unmeasured"
-        out.message = "no backend's float32 error could be measured (the float64 result is zero or missing)"
+        out.message = "no backend's float32 error could be measured (the float64 result is zero, missing or not finite)"
         return out
     out.best = min(out.errors, key=lambda n: (out.errors[n], order(n)))
     best = out.errors[out.best]
@@ -225,7 +229,8 @@ def worst_float32(parts) -> str:
 
 # ---------------------------------------------------------------- the case
 def apply_policy(leaf: LeafResult, policy: str) -> None:
-    """Fold the float32 part into the leaf's verdict: a float32 structural defect always fails; imprecise only under "fail"."""
+    """Fold the float32 part into an agreeing leaf's verdict: a float32 structural defect always fails; imprecise
+    (or NaN/Inf in float32 only) fails as ``imprecise`` under "fail" only."""
     part = leaf.float32
     if part is None or leaf.verdict not in ("agree",):
         return

@@ -50,7 +50,8 @@ def _referee(leaf: LeafResult) -> str:
     for r in leaf.referee:
         verdict = "agree" if r.agrees else "disagree"
         if not getattr(r, "stable", True):
-            verdict = "skipped"  # the finite difference moved when the step was doubled: the referee abstained
+            # The finite difference moved when the step was doubled, or no step avoided a kink: the referee abstained.
+            verdict = "skipped"
         res = f"<td class='n'>{e(fmt(getattr(r, 'resolution', 0.0)))}</td>" if resolved else ""
         rows.append(f"<tr{'' if r.agrees else ' class=bad'}><td>{e(r.backend)}</td>"
                     f"<td class='n'>{e(fmt(r.directional, 6))}</td><td class='n'>{e(fmt(r.numeric, 6))}</td>"

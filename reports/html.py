@@ -349,7 +349,8 @@ def _precision(case: CaseResult, anchors: dict[int, str]) -> str:
     """The float32 part of a case: the chart, the imprecise leaves, the kinks."""
     if not case.float32 and not case.kinks and not f32_leaves(case):
         return ""
-    body = [f"<h3>float32 precision <span class='sub'>each backend's float32 gradients against float64; "
+    body = [f"<h3>float32 precision <span class='sub'>each backend's float32 gradients against its own float64 ones, "
+            "‖g32 − g64‖ ÷ ‖g64‖; "
             f"policy: imprecise {'fails' if imprecise_fails(case) else 'warns'}</span></h3>"]
     chart = float32_svg(case)
     body.append(f"<div class='chart'>{chart}</div>" if chart else "<p class='muted'>No float32 gradient was measured.</p>")

@@ -114,7 +114,7 @@ def _leaf_detail(leaf: LeafResult) -> str:
         res = getattr(r, "resolution", 0.0)
         verdict = "agrees" if r.agrees else "DISAGREES"
         if not getattr(r, "stable", True):
-            verdict = "abstains (unstable finite difference)"
+            verdict = "abstains (finite difference unstable, or across a kink it could not avoid)"
         lines.append(f"referee {r.backend}: <g, v> = {fmt(r.directional, 6)} vs finite difference "
                      f"{fmt(r.numeric, 6)}" + (f" (resolution {fmt(res)})" if res else "")
                      + f", error/{'resolution' if res else 'tol'} {fmt(r.error)} -> {verdict}")

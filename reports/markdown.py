@@ -169,8 +169,9 @@ def render_markdown(run: RunResult, limit_bytes: int = 1_000_000) -> str:
         ("Errors", ["| case | backend | error | raised at |", "|---|---|---|---|"], _error_rows(run)),
         ("Failing leaves", ["| case | leaf | verdict | blamed | max rel diff | headroom |",
                             "|---|---|---|---|---:|---:|"], _leaf_rows(run)),
-        ("float32 precision", ["float32 gradients measured against float64, per backend; a backend is imprecise "
-                               "beyond a multiple of the best backend's error.", "",
+        ("float32 precision", ["Each backend's float32 gradients measured against its own float64 ones "
+                               "(‖g32 − g64‖ ÷ ‖g64‖); a backend is imprecise beyond a multiple of the best "
+                               "backend's error, plus a floor.", "",
                                "| case | float32 | worst ratio | at | imprecise leaves | kink sites | policy |",
                                "|---|---|---|---|---:|---|---|"], _precision_rows(run)),
         ("Imprecise leaves", ["| case | leaf | backend | float32 error | best | limit | × best | counts as |",

@@ -142,13 +142,16 @@ def error_line(text, limit: int = 300) -> str:
 
 # ---------------------------------------------------------------- a leaf
 def leaf_numbers(leaf: LeafResult) -> str:
-    """``max rel diff 0.93, max abs diff 0.0241 at [3, 1, 2, 2] (jax vs tape), headroom 2400``, or ""."""
-    n = LeafNumbers.of(leaf)
+    """``max rel diff 0.93, max abs diff 0.0241 at [3, 1, 2, 2] (tape vs jax), headroom 2400``, or "".
+
+    Every number is the worst pair's (the largest headroom), so the index and
+    the pair named are where that pair's largest difference is.
+    """
     pair = worst_pair(leaf)
-    if pair is None or n.headroom is None:
+    if pair is None or pair.headroom is None:
         return ""
-    return (f"max rel diff {fmt(n.max_rel)}, max abs diff {fmt(n.max_abs)} at {fmt_index(pair.max_abs_index)}"
-            f" ({pair.backend} vs {pair.reference}), headroom {fmt(n.headroom)}")
+    return (f"max rel diff {fmt(pair.max_rel)}, max abs diff {fmt(pair.max_abs)} at {fmt_index(pair.max_abs_index)}"
+            f" ({pair.backend} vs {pair.reference}), headroom {fmt(pair.headroom)}")
 
 
 def leaf_detail(leaf: LeafResult) -> str:
@@ -178,7 +181,7 @@ def _ratio_text(r) -> str:
 
 
 def imprecise_sentence(leaf: LeafResult) -> str:
-    """``jax float32 is 800× further from float64 than torch on layer1.0.conv1.weight (4.1e-03 vs 5.1e-06; limit 5.1e-05)``."""
+    """``jax float32 is 800× further from float64 than torch on layer1.0.conv1.weight (0.0041 vs 5.1e-06; limit 1.51e-04)``."""
     f = leaf.float32
     if f is None or not f32_flagged(leaf):
         return ""
@@ -366,7 +369,7 @@ def trajectory_steps(traj, limit: int = 12) -> list[int]:
 
 
 def second_order_sentence(case: CaseResult) -> str:
-    """``second order: 6 Hessian-vector products, 6 agree; tape: max_pool2d has no second derivative``."""
+    """``second order: 6 Hessian-vector products over torch, jax, none failing; tape: max_pool2d has no second derivative``."""
     so = getattr(case, "second_order", None)
     if so is None:
         return ""
@@ -408,7 +411,7 @@ def case_failure(case: CaseResult) -> str:
 
 
 def precision_sentence(case: CaseResult) -> str:
-    """The case's float32 part in one line (``float32: ok, jax at most 3.1× the best``), "" when not run."""
+    """The case's float32 part in one line (``float32: ok, jax 3.1×``: the worst backend's ratio to the best), "" when not run."""
     if not case.float32:
         return ""
     flagged = imprecise_leaves(case)
@@ -512,7 +515,7 @@ def _table(rows: list[list[str]]) -> list[str]:
 
 
 def _headroom(leaf) -> float:
-    # With one backend there is no pair; the referee's error/tolerance is the headroom then.
+    # With one backend there is no pair; the referee's error ÷ resolution is the headroom then.
     return leaf.headroom if leaf.pairs else max((c.error for c in leaf.referee), default=0.0)
 
 

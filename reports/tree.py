@@ -120,7 +120,7 @@ def _leaf_row(name: str, leaf: LeafResult, anchors: dict[int, str]) -> str:
     return (f'<div class="trow leaf {vclass(leaf.verdict)}{inherited}" '
             f'data-path="{e(leaf.path)}"><span class="tname">{label}</span>'
             f'<span class="tmeta">{e(leaf.role)} · {e(_shape(leaf.shape))}</span>{badge(leaf.verdict)}{f32}'
-            f'<span class="num" title="headroom: max error ÷ tolerance">{e(fmt(n.headroom))}</span>{blame}</div>')
+            f'<span class="num" title="headroom: float64 error ÷ tolerance, worst pair; above 1 fails">{e(fmt(n.headroom))}</span>{blame}</div>')
 
 
 def _count(leaves: list[LeafResult]) -> str:

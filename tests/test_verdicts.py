@@ -63,6 +63,28 @@ def test_no_majority_and_no_referee_blame_nobody():
     assert x.verdict == "disagree" and x.blame == [] and "neither a majority nor the referee decides" in x.message
 
 
+def test_backends_that_agree_are_never_blamed_on_the_referee_alone_and_the_message_names_whom_it_misses():
+    agreeing = [("jax", "torch", "agree"), ("tape", "torch", "agree"), ("tape", "jax", "agree")]
+    split = _leaf(agreeing, [_check("torch", False), _check("jax", True), _check("tape", True)])
+    assert split.verdict == "disagree" and split.blame == []
+    assert "differs from torch (" in split.message
+    everyone = _leaf(agreeing, [_check(b, False) for b in ALL])
+    assert everyone.blame == [] and "differs from all of them" in everyone.message
+    assert _leaf(agreeing, [_check(b, True) for b in ALL]).verdict == "agree"  # the control: nothing missed
+
+
+def test_a_leafs_headline_numbers_come_from_one_pair():
+    from reports.text import leaf_numbers
+
+    x = LeafResult(path="w", role="param", verdict="disagree")
+    x.pairs = [PairResult(backend="jax", reference="torch", verdict="disagree", headroom=5.0, max_abs=0.1,
+                          max_rel=0.2, max_abs_index=[1]),
+               PairResult(backend="tape", reference="torch", verdict="agree", headroom=0.5, max_abs=0.3,
+                          max_rel=0.01, max_abs_index=[2])]
+    # The larger absolute difference (0.3, tape's) is not the worst pair's: its index would be misattributed.
+    assert leaf_numbers(x) == "max rel diff 0.2, max abs diff 0.1 at [1] (jax vs torch), headroom 5"
+
+
 # ---------------------------------------------------------------- float32 measured against float64
 def test_float32_part_names_the_imprecise_backend_with_both_numbers():
     g64 = np.linspace(1.0, 2.0, 50)
