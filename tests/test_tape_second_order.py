@@ -42,6 +42,15 @@ def test_hessian_vector_products(row, data):
     check_second_order(lambda *xs: ops.sin(f(*xs)), args, name=f"sin({row.label})", seed=d.seed)
 
 
+def test_a_gradient_that_is_a_small_difference_of_large_terms_is_refereed_by_its_own_jitter():
+    # Normalising groups of two: the output is nearly ±1 whatever x is, so the gradient is ~1e-5 of the terms
+    # it is computed from, and finite differences of it carry those terms' rounding.  The checker's allowance
+    # measures that jitter (a value-based bound gave 1.1e-10 against a 4.2e-10 difference).
+    rng = np.random.default_rng(359456362)
+    x = ((rng.permutation(32) - 16) * 0.3 + rng.uniform(0, 0.075)).reshape(4, 4, 2)
+    check_second_order(lambda x: ops.sin(ops.normalize(x, (2,), 1e-5)[0]), (x,), name="groups of two", seed=359456362)
+
+
 # The ops the issue promises second order for, each checked bare (no sin), so
 # the op's own second derivative is what is compared.
 BARE = {

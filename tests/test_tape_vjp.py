@@ -1059,6 +1059,20 @@ def test_checker_sensitivity(error, monkeypatch):
         check_vjp(ops.tanh, (X34,), name="tanh")
 
 
+def test_checker_sensitivity_survives_the_measured_jitter(monkeypatch):
+    # The rounding allowance takes the larger of a value bound and the jitter seen a hair around x; for ops
+    # whose value is not a small difference of large terms the jitter is the smaller, so a 1e-5 relative error
+    # in a normalisation's VJP is still caught.
+    x = R.standard_normal((2, 3, 4, 4))
+    f = lambda x: ops.normalize(x, (0, 2, 3), 1e-5)[0]  # noqa: E731
+    check_vjp(f, (x,), name="normalize")
+    old = tape_ops._normalize.vjp_joint
+    monkeypatch.setattr(tape_ops._normalize, "vjp_joint",
+                        lambda argnums, *a, **k: [ops.mul(g, 1 + 1e-5) for g in old(argnums, *a, **k)])
+    with pytest.raises(VjpMismatch, match="wrt arg 0: tape"):
+        check_vjp(f, (x,), name="normalize")
+
+
 def test_checker_messages_label_both_sides(monkeypatch):
     monkeypatch.setitem(tape_ops.exp.vjps, 0, _scaled(tape_ops.exp.vjps[0]))
     with pytest.raises(VjpMismatch) as info:

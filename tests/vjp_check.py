@@ -18,7 +18,12 @@ Tolerance, derived from the step ``h``:
   ``D(h)`` from the data itself;
 * rounding: each forward value carries a relative error of a few ulps of the
   terms it sums, which the difference quotient amplifies by ``1/h``; bounded
-  by ``K * eps * sum |v| (|f(x+hu)| + |f(x-hu)|) / (2h)`` with ``K`` ulps;
+  by ``K * eps * sum |v| (|f(x+hu)| + |f(x-hu)|) / (2h)`` with ``K`` ulps, or
+  by the jitter actually seen, whichever is larger: ``f`` evaluated a hair
+  (``h * 1e-4``) either side of ``x``, where its curvature is invisible and
+  what moves is rounding.  The value bound alone misses functions whose value
+  is a small difference of large terms (a gradient through a normalisation
+  over two elements is ~1e-5 of its terms), where the noise is the terms';
 * a floor of ``1e-9`` relative to ``sum |v_i| |D_i|`` (the size of the terms
   of the inner product) for the tape's own float64 rounding.
 
@@ -44,6 +49,7 @@ ULPS = 64  # rounding steps one forward value may accumulate (conv sums, softmax
 SAFETY = 10.0
 FLOOR_RTOL = 1e-9
 STEP = 1e-5
+JITTER_STEP = 1e-4  # of STEP: where a function's curvature is far below its rounding
 MAX_TRUNCATION = 1e-4  # relative: beyond it the finite difference is not trustworthy
 
 
@@ -148,7 +154,10 @@ def check_vjp(
         numeric = float(np.sum(v * d1))
         scale = float(np.sum(np.abs(v * d1)))
         truncation = abs(float(np.sum(v * (d2 - d1)))) / 3
-        rounding = ULPS * EPS64 * float(np.sum(np.abs(v) * (np.abs(fp) + np.abs(fm)))) / (2 * step)
+        hair = step * JITTER_STEP
+        jitter = np.maximum(np.abs(along(hair) - 2 * y0 + along(-hair)), np.abs(along(2 * hair) - 2 * y0 + along(-2 * hair)))
+        rounding = max(ULPS * EPS64 * float(np.sum(np.abs(v) * (np.abs(fp) + np.abs(fm)))),
+                       float(np.sum(np.abs(v) * jitter))) / (2 * step)
         tol = SAFETY * (truncation + rounding + FLOOR_RTOL * scale)
         tape_side = float(np.sum(g * u))
         side = Side(i, tape_side, numeric, tol, scale)
