@@ -240,7 +240,11 @@ def matmul(a, b):
 
 @op
 def einsum(subscripts, *operands):
-    """``np.einsum`` with explicit output (``"ij,jk->ik"``); at most two operands on the tape."""
+    """``np.einsum``: ``"ij,jk->ik"``, an implicit output (``"ij,jk"``) or ``...``; each index has one size.
+
+    Size-1 dims broadcast only under ``...`` (numpy also stretches a named
+    size-1 index; the rule refuses that, which not every framework does).
+    """
 
 
 # ---------------------------------------------------------------- reductions
@@ -380,6 +384,10 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_mask
     dropout factors (0 or 1 / (1 - p)) of shape (..., L, S), multiplied into
     the attention weights; no framework's attention takes a given mask, so
     with one the frameworks run this composition in their own ops.
+
+    A query that may attend to nothing (its mask row all False, or all
+    -inf) gets zeros, and passes no gradient, as in torch; a softmax over
+    only -inf would be NaN.
     """
     nk = len(shape_of(key))
     L, E = shape_of(query)[-2:]
@@ -397,11 +405,24 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_mask
                 scores = where(attn_mask, scores, -math.inf)
         else:
             scores = add(scores, asarray(attn_mask, like=scores) if isinstance(attn_mask, np.ndarray) else attn_mask)
+    empty = None if attn_mask is None else attends_to_nothing(to_numpy(attn_mask))
+    if empty is not None:
+        scores = where(empty, 0.0, scores)  # zeroed first, so that no NaN reaches the backward pass either
     weights = softmax(scores, axis=-1)
+    if empty is not None:
+        weights = where(empty, 0.0, weights)
     if dropout_mask is not None:
         weights = mul(weights, asarray(dropout_mask, like=weights) if isinstance(dropout_mask, np.ndarray)
                       else dropout_mask)
     return matmul(weights, value)
+
+
+def attends_to_nothing(mask: np.ndarray) -> np.ndarray | None:
+    """Where a query's mask row admits no key: (..., L, 1), True there; None when every query attends somewhere."""
+    mask = np.asarray(mask)
+    rows = ~np.any(mask, axis=-1, keepdims=True) if mask.dtype == np.bool_ else np.all(
+        np.isneginf(mask), axis=-1, keepdims=True)
+    return rows if rows.any() else None
 
 
 @op

@@ -132,6 +132,8 @@ ROWS = [
     row("einsum", lambda a, b: ops.einsum("bij,bkj->bik", a, b), (2, 3, 4), (2, 5, 4), id="batch"),
     row("einsum", lambda a, b: ops.einsum("nchw,oh->ncow", a, b), (2, 2, 3, 4), (5, 3), id="contract"),
     row("einsum", lambda a: ops.einsum("ijk->ki", a), (2, 3, 4), id="unary"),
+    row("einsum", lambda a, b: ops.einsum("...ij,...jk->...ik", a, b), (5, 1, 2, 3), (4, 3, 2), id="ellipsis"),
+    row("einsum", lambda a, b: ops.einsum("ij...,jk", a, b), (2, 3, 5), (3, 4), id="implicit"),
     row("sum", ops.sum, (2, 3, 4), id="all"),
     row("sum", lambda x: ops.sum(x, axis=1), (2, 3, 4), id="int"),
     row("sum", lambda x: ops.sum(x, axis=(0, 2), keepdims=True), (2, 3, 4), id="tuple-keepdims"),
@@ -232,7 +234,9 @@ BN_RM, BN_RV = np.linspace(-0.5, 0.5, 4), np.linspace(0.5, 1.5, 4)
 ATT_MASK = np.array([[True, False, True, True, False, True], [False, True, True, False, True, True],
                      [True, True, False, False, False, True], [False, False, False, True, True, False]])  # (L, S)
 ATT_MASK_B = _K.random((2, 1, 4, 6)) < 0.5
-ATT_MASK_B[..., 2] = True  # every query attends to something (torch gives NaN, jax the mean, otherwise)
+ATT_MASK_B[..., 2] = True  # every query attends to something (the rows below cover one that cannot)
+ATT_MASK_EMPTY = ATT_MASK_B.copy()
+ATT_MASK_EMPTY[1, 0, 3] = False  # query 3 of batch 1 may attend to nothing: zeros, as torch gives
 ATT_BIAS = _K.standard_normal((4, 6))
 ATT_BIAS_FULL = np.where(_K.random((2, 3, 4, 6)) < 0.2, -np.inf, _K.standard_normal((2, 3, 4, 6)))
 ATT_BIAS_FULL[..., 0] = 0.5
@@ -323,6 +327,15 @@ KERNEL_ROWS = [
     row("scaled_dot_product_attention",
         lambda q, k, v: ops.scaled_dot_product_attention(q, k, v, attn_mask=ATT_BIAS_FULL),
         (2, 3, 4, 5), (2, 3, 6, 5), (2, 3, 6, 5), id="rank4-float-mask-inf"),
+    row("scaled_dot_product_attention",
+        lambda q, k, v: ops.scaled_dot_product_attention(q, k, v, attn_mask=ATT_MASK_EMPTY),
+        (2, 3, 4, 5), (2, 3, 6, 5), (2, 3, 6, 5), id="rank4-bool-mask-a-query-attends-nothing"),
+    row("scaled_dot_product_attention",
+        lambda q, k, v: ops.scaled_dot_product_attention(q, k, v, attn_mask=np.where(ATT_MASK_EMPTY, 0.0, -np.inf)),
+        (2, 3, 4, 5), (2, 3, 6, 5), (2, 3, 6, 5), id="rank4-float-mask-a-query-attends-nothing"),
+    row("scaled_dot_product_attention",
+        lambda q, k, v: ops.scaled_dot_product_attention(q, k, v, attn_mask=ATT_MASK_EMPTY, dropout_mask=DROP4),
+        (2, 3, 4, 5), (2, 3, 6, 5), (2, 3, 6, 5), id="rank4-bool-mask-dropout-a-query-attends-nothing"),
     row("scaled_dot_product_attention", lambda q, k, v: ops.scaled_dot_product_attention(q, k, v, is_causal=True),
         (2, 3, 5, 4), (2, 3, 5, 4), (2, 3, 5, 4), id="rank4-causal"),
     row("scaled_dot_product_attention", lambda q, k, v: ops.scaled_dot_product_attention(q, k, v, is_causal=True),

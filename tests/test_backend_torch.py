@@ -100,6 +100,7 @@ IX = np.array  # index arrays read better short
 # Constants of the framework-kernel rows: running statistics, masks, labels, class weights.
 RM4, RV4 = rng0.standard_normal(4), rng0.uniform(0.5, 2.0, 4)
 KEEP46 = (rng0.random((4, 6)) > 0.4) | np.eye(4, 6, dtype=bool)  # True = attend; never a whole row masked
+EMPTY46 = KEEP46 & (np.arange(4) != 2)[:, None]  # query 2 may attend to nothing: torch gives it zeros
 BIAS46, BIAS246 = rng0.standard_normal((4, 6)), rng0.standard_normal((2, 1, 4, 6))
 DROP = (rng0.random((2, 3, 4, 6)) >= 0.25) / 0.75  # dropout's factors: 0 or 1/(1-p)
 IDS = np.array([[0, 2, 6, 2], [5, 0, 1, 6]])
@@ -181,6 +182,11 @@ ROWS = [
     R("einsum", lambda a: ops.einsum("ijk->ki", a), (2, 3, 4)),
     R("einsum", lambda a, b: ops.einsum("i,i->", a, b), (4,), (4,)),
     R("einsum", lambda a: ops.einsum("ij,jk->ik", a, C34), (2, 3), const64=True),
+    # numpy's other forms: the tape spells them out (einsum_plan), the frameworks take them as written.
+    R("einsum", lambda a, b: ops.einsum("...ij,...jk->...ik", a, b), (5, 1, 2, 3), (4, 3, 2)),
+    R("einsum", lambda a, b: ops.einsum("ij,jk", a, b), (3, 4), (4, 5)),
+    R("einsum", lambda a, b: ops.einsum("ij...,jk", a, b), (2, 3, 5), (3, 4)),
+    R("einsum", lambda a, b: ops.einsum("Ba,aC", a, b), (2, 3), (3, 4)),
     # -- reductions: axis None / int / negative / tuple, keepdims
     R("sum", lambda x: ops.sum(x), (3, 4)),
     R("sum", lambda x: ops.sum(x, axis=1), (2, 3, 4)),
@@ -353,6 +359,14 @@ ROWS = [
     R("scaled_dot_product_attention",
       lambda q, k, v: ops.scaled_dot_product_attention(q, k, v, dropout_mask=np.zeros((4, 6))),
       (2, 4, 5), (2, 6, 5), (2, 6, 2), const64=True),
+    R("scaled_dot_product_attention", lambda q, k, v: ops.scaled_dot_product_attention(q, k, v, attn_mask=EMPTY46),
+      (2, 3, 4, 5), (2, 3, 6, 5), (2, 3, 6, 2)),
+    R("scaled_dot_product_attention",
+      lambda q, k, v: ops.scaled_dot_product_attention(q, k, v, attn_mask=np.where(EMPTY46, BIAS46, -np.inf)),
+      (2, 3, 4, 5), (2, 3, 6, 5), (2, 3, 6, 2), const64=True),
+    R("scaled_dot_product_attention",
+      lambda q, k, v: ops.scaled_dot_product_attention(q, k, v, attn_mask=EMPTY46, dropout_mask=DROP[0]),
+      (2, 3, 4, 5), (2, 3, 6, 5), (2, 3, 6, 2), const64=True),
     R("embedding", lambda w: ops.embedding(IDS, w), (7, 3)),
     R("embedding", lambda w: ops.embedding(IDS[0], w, padding_idx=0), (7, 3)),  # a non-zero padding row: still zeros
     R("embedding", lambda w: ops.embedding(IDS, w, padding_idx=6), (7, 4)),
@@ -535,6 +549,9 @@ EDGES = [
     # d/da a**0 at a=0 is 0 on torch (and now the tape), not 0 * 0**-1 = nan.
     E("pow", lambda a, b: ops.pow(a, b), [0.0, 1.0], [0.0, 0.0]),
     E("pow", lambda a: ops.pow(a, 0), Z),
+    # d/db a**b where a < 0 has no real logarithm: NaN on torch (and jax, and the tape); 0 at a == 0.
+    E("pow", lambda a, b: ops.pow(a, b), [-2.0, 0.0, 1.5, -0.5], [2.0, 2.0, 2.0, 3.0]),
+    E("pow", lambda b: ops.pow(-2.0, b), [2.0, 3.0]),
     E("sqrt", lambda x: ops.sqrt(x), [0.0, 4.0]),
     E("log", lambda x: ops.log(x), [0.0, 2.0]),
     E("div", lambda a, b: ops.div(a, b), [1.0, -1.0, 2.0], [0.0, 0.0, 4.0]),

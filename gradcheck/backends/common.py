@@ -22,6 +22,7 @@ serve a family (the elementwise ops, the reductions).
 from __future__ import annotations
 
 import dataclasses
+import string
 import sys
 from collections.abc import Callable
 
@@ -191,38 +192,77 @@ def check_matmul(op, a, b):
 
 
 def einsum_terms(subscripts) -> tuple[list[str], str]:
-    """``"ij,jk->ik"`` as ``(["ij", "jk"], "ik")``; the explicit form is the one every backend takes."""
-    if not isinstance(subscripts, str) or "->" not in subscripts or "." in subscripts:
-        raise ValueError(
-            f"einsum {subscripts!r}: give an explicit output and no ellipsis, e.g. 'bij,bjk->bik'"
-        )
-    ins, out = subscripts.replace(" ", "").split("->")
+    """An explicit equation ``"ij,jk->ik"`` as ``(["ij", "jk"], "ik")``."""
+    ins, out = subscripts.split("->")
     return ins.split(","), out
 
 
-@rule("einsum")
-def _einsum(op, subscripts, *operands):
-    terms, out = einsum_terms(subscripts)
-    if len(terms) != len(operands):
-        raise ValueError(f"einsum {subscripts!r}: {len(terms)} input terms for {len(operands)} operands")
-    sizes: dict[str, tuple[int, int]] = {}
-    for k, (term, x) in enumerate(zip(terms, operands)):
-        shape = shape_of(x)
-        if len(term) != len(shape):
-            raise ValueError(
-                f"einsum {subscripts!r}: operand {k} has shape {shape} ({len(shape)} axes) but its term "
-                f"{term!r} names {len(term)}"
-            )
-        for label, n in zip(term, shape):
+def einsum_plan(subscripts, shapes) -> tuple[str, list[tuple[int, ...] | None]]:
+    """numpy's einsum forms (implicit output, ``...``) as an explicit equation, and what to broadcast first.
+
+    Returns the equation with the ellipsis spelled out in letters the
+    subscripts do not use (its dims right-aligned across operands, as numpy
+    broadcasts them) and the output written out (numpy's and torch's implicit
+    rule: the ellipsis, then the labels used once, in ASCII order); and per
+    operand the shape it must be broadcast to so that every index has one
+    size, or None.  The tape runs that; the frameworks take the subscripts as
+    given, which mean the same.
+    """
+    if not isinstance(subscripts, str):
+        raise TypeError(f"einsum: subscripts {subscripts!r}; expected a string such as 'bij,bjk->bik'")
+    eq = subscripts.replace(" ", "")
+    ins, arrow, out = eq.partition("->")
+    terms = ins.split(",")
+    if len(terms) != len(shapes):
+        raise ValueError(f"einsum {subscripts!r}: {len(terms)} input terms for {len(shapes)} operands")
+    for term in terms + ([out] if arrow else []):
+        bad = set(term.replace("...", "", 1)) - set(string.ascii_letters)
+        if bad:
+            raise ValueError(f"einsum {subscripts!r}: {term!r} has {''.join(sorted(bad))!r}; indices are letters, "
+                             "with at most one '...' per term")
+    spare = [c for c in string.ascii_letters if c not in eq]
+    ranks = []  # the ellipsis's rank in each operand
+    for k, (term, shape) in enumerate(zip(terms, shapes)):
+        named = len(term) - (3 if "..." in term else 0)
+        rank = len(shape) - named
+        if rank < 0 or (rank > 0 and "..." not in term):
+            raise ValueError(f"einsum {subscripts!r}: operand {k} has shape {tuple(shape)} ({len(shape)} axes) but "
+                             f"its term {term!r} names {named}")
+        ranks.append(rank)
+    dots = "".join(spare[: max(ranks, default=0)])
+    dot_shape = broadcast_shape(f"einsum {subscripts!r} (the '...' dims)",
+                                *[tuple(shape)[term.index("..."):][:r] if r else () for term, shape, r in
+                                  zip(terms, shapes, ranks) if "..." in term])
+    explicit, targets, sizes = [], [], {}
+    for k, (term, shape, rank) in enumerate(zip(terms, shapes, ranks)):
+        at = term.find("...")
+        letters = term if at < 0 else term[:at] + dots[len(dots) - rank:] + term[at + 3:]
+        target = tuple(shape) if at < 0 else tuple(shape[:at]) + dot_shape[len(dot_shape) - rank:] + tuple(
+            shape[at + rank:])
+        targets.append(target if target != tuple(shape) else None)
+        explicit.append(letters)
+        for label, n in zip(letters, target):
             first = sizes.setdefault(label, (n, k))
             if first[0] != n:
                 raise ValueError(
                     f"einsum {subscripts!r}: index {label!r} has size {first[0]} in operand {first[1]} and {n} "
                     f"in operand {k}; an index has one size (broadcast explicitly first)"
                 )
-    missing = [label for label in out if label not in sizes]
-    if missing or len(set(out)) != len(out):
+    if arrow:
+        result = out.replace("...", dots)
+        if "..." not in out and any(ranks):
+            raise ValueError(f"einsum {subscripts!r}: the output must keep '...' when the inputs have it")
+    else:
+        counts = {c: "".join(explicit).count(c) for c in set("".join(explicit)) - set(dots)}
+        result = dots + "".join(sorted(c for c, n in counts.items() if n == 1))
+    if len(set(result)) != len(result) or any(c not in sizes for c in result):
         raise ValueError(f"einsum {subscripts!r}: every output index must appear once, and in an input")
+    return ",".join(explicit) + "->" + result, targets
+
+
+@rule("einsum")
+def _einsum(op, subscripts, *operands):
+    einsum_plan(subscripts, [shape_of(x) for x in operands])
 
 
 # ---------------------------------------------------------------- shapes

@@ -504,8 +504,9 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_mask
     float64); and when values and keys differ in head size (jax.nn's needs
     them equal, torch's does not).
 
-    A query row whose boolean mask is all False gets the mean of the values
-    here (jax's and flax's masks are a large finite negative), NaN in torch.
+    A query whose mask row admits no key gets zeros and passes no gradient,
+    as in torch (jax's and flax's masks are a large finite negative, which
+    would give it the mean of the values; an all -inf bias, NaN).
     """
     dtype = jnp.result_type(query, key, value)
     q, k, v = (jnp.asarray(t, dtype) for t in (query, key, value))
@@ -515,6 +516,9 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_mask
     bn = _heads_layout(batch)
     qb, kb, vb = _to_btnh(q, batch, bn), _to_btnh(k, batch, bn), _to_btnh(v, batch, bn)
     mask = bias = None
+    empty = None if attn_mask is None else _attends_to_nothing(attn_mask)
+    if empty is not None and not _is_bool(attn_mask):
+        attn_mask = jnp.where(empty, jnp.zeros((), dtype), _constant_like(attn_mask, q))
     if attn_mask is not None:
         if _is_bool(attn_mask):
             mask = _to_bnts(attn_mask, batch, bn)
@@ -529,7 +533,18 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_mask
             mask = jnp.asarray(np.tril(np.ones((L, S), dtype=bool)))[None, None]
         dropout = None if dropout_mask is None else _to_bnts(_constant_like(dropout_mask, q), batch, bn)
         out = _flax_attention(qb, kb, vb, bias, mask, dropout, scale)
-    return jnp.reshape(jnp.swapaxes(out, 1, 2), batch + (L, v.shape[-1]))
+    out = jnp.reshape(jnp.swapaxes(out, 1, 2), batch + (L, v.shape[-1]))
+    return out if empty is None else jnp.where(empty, jnp.zeros((), out.dtype), out)
+
+
+def _attends_to_nothing(attn_mask):
+    """``ops.attends_to_nothing`` for a mask that may be traced: (..., L, 1), or None when none is empty."""
+    if not _is_traced(attn_mask):
+        from gradcheck import ops
+
+        return ops.attends_to_nothing(np.asarray(attn_mask))
+    m = jnp.asarray(attn_mask)
+    return ~jnp.any(m, axis=-1, keepdims=True) if _is_bool(m) else jnp.all(jnp.isneginf(m), axis=-1, keepdims=True)
 
 
 # -- embedding ---------------------------------------------------------------

@@ -107,16 +107,19 @@ div = _p("div", npo.div).defvjp(
 neg = _p("neg", npo.neg).defvjp(lambda g, ans, a: o.neg(g))
 pow = _p("pow", npo.pow).defvjp(
     lambda g, ans, a, b: unbroadcast(o.mul(g, _pow_slope(a, b)), _shape(a)),
-    # d/db a**b = log(a) a**b; where a == 0 torch and jax define it as 0.
+    # d/db a**b = log(a) a**b; where a == 0 torch and jax define it as 0, where a < 0 (no real
+    # logarithm) they give NaN.
     lambda g, ans, a, b: unbroadcast(o.mul(g, o.mul(_log_base(a), ans)), _shape(b)))
 
 
 def _log_base(a):
+    """log(a) for the exponent's gradient: 0 at a == 0, NaN below (torch's and jax's values)."""
     # A Python base stays a Python float: np.log of it would be a float64
     # array that promotes a float32 exponent's gradient to float64.
     if isinstance(a, (int, float)):
-        return math.log(a) if a > 0 else 0.0
-    return o.log(o.where(o.greater(a, 0), a, 1.0))
+        return math.log(a) if a > 0 else (0.0 if a == 0 else math.nan)
+    # log of the base where it is positive, of 1 (0) at 0 and of NaN below: no warning, the values torch gives.
+    return o.log(o.where(o.greater(a, 0), a, _const(np.where(raw(a) == 0, 1.0, np.nan), a)))
 
 
 def _pow_slope(a, b):
@@ -222,7 +225,11 @@ _einsum = _p("einsum", lambda *ops_, subscripts: np.einsum(subscripts, *ops_)).d
 
 
 def einsum(subscripts, *operands):
-    return _einsum(*operands, subscripts=subscripts)
+    # numpy's forms (implicit output, '...') spelled out, the '...' dims broadcast first: the VJP reads an
+    # explicit equation in which every index has one size.
+    equation, targets = common.einsum_plan(subscripts, [_shape(x) for x in operands])
+    operands = [x if t is None else o.broadcast_to(x, t) for x, t in zip(operands, targets, strict=True)]
+    return _einsum(*operands, subscripts=equation)
 
 
 # ---------------------------------------------------------------- reductions
