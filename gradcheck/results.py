@@ -62,7 +62,8 @@ class PairResult:
     max_rel_index: list[int] = field(default_factory=list)
     rel_err_norm: float = 0.0  # ||a - b|| / ||b||
     cosine: float = 1.0
-    headroom: float = 0.0  # max over elements of |a - b| / (atol + rtol * |b|); > 1 fails
+    # elementwise: max over elements of |a - b| / (atol + rtol * |b|); norm: rel_err_norm / norm_rtol; > 1 fails
+    headroom: float = 0.0
     message: str = ""
 
 
@@ -246,6 +247,7 @@ class CaseResult:
     float32: str = ""
     imprecise: str = "warn"  # "warn" or "fail"
     kinks: list[KinkReport] = field(default_factory=list)
+    unpinned: list[str] = field(default_factory=list)  # backends whose float32 run could not take those branches
     origin: Origin | None = None  # where the disagreement starts, when a per-layer replay ran
     second_order: SecondOrder | None = None  # how second order was checked (--order 2); its leaves are role "hvp"
     trajectory: Trajectory | None = None  # training-step trajectories (--steps N)

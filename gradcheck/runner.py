@@ -295,6 +295,8 @@ def _float32(driver, f32, cr: CaseRun, res: CaseResult, name: str):
                 "kink crossings")
         if note not in res.notes:
             res.notes.append(note)
+        if name not in res.unpinned:
+            res.unpinned.append(name)
         return driver.evaluate(f32, cr.args32, cr.prefixes), []
 
 

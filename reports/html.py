@@ -61,6 +61,7 @@ from .text import (
     kink_sentence,
     loss_sentence,
     origin_sentence,
+    pinning_sentence,
     run_sentence,
     second_order_sentence,
     trajectory_head,
@@ -365,8 +366,8 @@ def _precision(case: CaseResult, anchors: dict[int, str]) -> str:
     if case.kinks:
         items = "".join(f"<li class='{'crossed' if any(k.crossed.values()) else ''}' title='{e(kink_counts(k))}'>"
                         f"{e(kink_sentence(k))}</li>" for k in case.kinks)
-        body.append(f"<h4>Kinks ({len(case.kinks)}) <span class='sub'>every float32 run took the float64 branch "
-                    f"at these; a crossing does not count against float32</span></h4><ul class='plain kinks'>{items}</ul>")
+        body.append(f"<h4>Kinks ({len(case.kinks)}) <span class='sub'>{e(pinning_sentence(case))}</span></h4>"
+                    f"<ul class='plain kinks'>{items}</ul>")
     return f"<section class='precision'>{''.join(body)}</section>"
 
 

@@ -40,6 +40,7 @@ from .text import (
     error_parts,
     float32_cell,
     kink_sentence,
+    pinning_sentence,
     run_sentence,
     unavailable_notices,
     unavailable_sentence,
@@ -137,7 +138,9 @@ def _imprecise_rows(run: RunResult) -> list[str]:
 
 
 def _kink_rows(run: RunResult) -> list[str]:
-    return [f"- **{md(case.name)}**: {md(kink_sentence(k))}" for case in run.cases for k in case.kinks]
+    rows = [f"- **{md(case.name)}**: {md(kink_sentence(k))}" for case in run.cases for k in case.kinks]
+    return rows + [f"- **{md(case.name)}**: {md(pinning_sentence(case))}" for case in run.cases
+                   if case.kinks and case.unpinned]
 
 
 def _notice_rows(run: RunResult) -> list[str]:
@@ -176,8 +179,8 @@ def render_markdown(run: RunResult, limit_bytes: int = 1_000_000) -> str:
                                "|---|---|---|---|---:|---|---|"], _precision_rows(run)),
         ("Imprecise leaves", ["| case | leaf | backend | float32 error | best | limit | × best | counts as |",
                               "|---|---|---|---:|---|---:|---:|---|"], _imprecise_rows(run)),
-        ("Kinks", ["Every float32 run takes the float64 branch at these kinks, so crossings do not count "
-                   "against float32.", ""], _kink_rows(run)),
+        ("Kinks", ["Every float32 run takes the float64 branch at these kinks (unless a line says otherwise), so "
+                   "crossings do not count against float32.", ""], _kink_rows(run)),
         ("Notices", [], _notice_rows(run)),
     ]
     sections = [(t, h, rows) for t, h, rows in sections if rows or (t == "Cases" and run.cases)]

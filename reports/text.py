@@ -251,6 +251,15 @@ def kink_sentence(kink: KinkReport) -> str:
     return clean_line(head)
 
 
+def pinning_sentence(case: CaseResult) -> str:
+    """What the float32 runs did at a case's kinks: all pinned to the float64 branch, or all but some."""
+    if not case.unpinned:
+        return "every float32 run took the float64 branch at these; a crossing does not count against float32"
+    names = ", ".join(f"{b}'s" for b in case.unpinned)
+    return clean_line(f"every float32 run but {names} took the float64 branch at these; {names} could not be "
+                      "pinned (see the notes), so its float32 error may include crossings")
+
+
 def kink_counts(kink: KinkReport) -> str:
     """The numbers behind a kink, for a tooltip: elements, near, closest, below float64, crossings."""
     crossed = ", ".join(f"{b} {n}" for b, n in kink.crossed.items()) or "none"

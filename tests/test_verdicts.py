@@ -173,6 +173,33 @@ def test_a_kink_crossing_is_pinned_reported_and_not_imprecise():
     assert max(leaf(r, "0.weight").float32.errors.values()) < 1e-6
 
 
+def _torch_takes_another_path(x):
+    """relu everywhere, and on torch's float32 run one abs more: its kink calls no longer line up."""
+    y = ops.relu(x)
+    if type(x).__module__.startswith("torch") and ops.dtype_of(x) == np.float32:
+        y = ops.abs(y)
+    return y
+
+
+def test_a_run_that_cannot_be_pinned_is_named_and_no_sentence_claims_it_was():
+    from reports.html import render_html
+    from reports.text import pinning_sentence
+
+    def model(rng):
+        chain = kinked(rng)
+        chain.layers[0].activation = _torch_takes_another_path
+        return chain
+
+    case = Case("unpinnable", model, KINK_CASE.inputs)
+    r = run_case(case, RunOptions(backends=ALL))
+    assert r.unpinned == ["torch"] and any("torch: float32 not pinned" in n for n in r.notes)
+    assert pinning_sentence(r).startswith("every float32 run but torch's took the float64 branch")
+    page = render_html(gradcheck.results.RunResult(cases=[r]))
+    assert "every float32 run took the float64 branch" not in page and "but torch&#x27;s" in page
+    pinned = run_case(KINK_CASE, RunOptions(backends=ALL))  # the control: every run pinned, the sentence says so
+    assert pinned.unpinned == [] and pinning_sentence(pinned).startswith("every float32 run took")
+
+
 def test_without_pinning_the_same_crossing_moves_float32_by_order_one(monkeypatch):
     # Negative control: the pinning is what keeps the crossing out of the float32 errors.
     monkeypatch.setattr(kinks, "pinned", lambda rec: contextlib.nullcontext(kinks._State("pin", rec, str)))
