@@ -201,9 +201,13 @@ def leaky_relu(ctx, self, negative_slope=0.01):
 
 @lower("aten.elu.default")
 def elu(ctx, self, alpha=1.0, scale=1.0, input_scale=1.0):
-    if scale != 1.0 or input_scale != 1.0:
-        _unsupported("aten.elu", f"scale={scale}, input_scale={input_scale} (SELU/CELU forms); only ELU is lowered")
-    return o.elu(self, alpha)
+    """``scale * (x if x > 0 else alpha * (exp(input_scale * x) - 1))``: ELU, and SELU's and CELU's forms."""
+    if input_scale == 1.0:
+        y = o.elu(self, alpha)
+    else:  # the negative branch alone sees input_scale: elu of a scaled x would scale the positive one too
+        positive = o.greater(self, 0.0)
+        y = o.where(positive, self, o.mul(o.expm1(o.mul(o.where(positive, 0.0, self), input_scale)), alpha))
+    return y if scale == 1.0 else o.mul(y, scale)
 
 
 @lower("aten.softplus.default")
@@ -575,6 +579,29 @@ def index_select(ctx, self, dim, index):
     return o.take(self, index, axis=dim)
 
 
+@lower("aten.gather.default")
+def gather(ctx, self, dim, index, sparse_grad=False):
+    """``out[..., i, ...] = self[..., index[..., i, ...], ...]`` along ``dim``: one advanced index per axis."""
+    shape = o.shape_of(index)
+    nd = len(shape)
+    dim %= nd
+    parts = tuple(index if d == dim else np.arange(shape[d]).reshape((1,) * d + (shape[d],) + (1,) * (nd - d - 1))
+                  for d in range(nd))
+    return o.getitem(self, parts)
+
+
+@lower("aten.cumsum.default")
+def cumsum(ctx, self, dim, dtype=None):
+    """A product with the upper-triangular ones matrix along ``dim`` (differentiable wherever matmul is)."""
+    nd = len(o.shape_of(self))
+    dim %= nd
+    n = o.shape_of(self)[dim]
+    x = self if dtype is None else o.astype(self, _f(ctx, dtype))
+    perm = tuple(d for d in range(nd) if d != dim) + (dim,)
+    y = o.matmul(o.transpose(x, perm), o.asarray(np.triu(np.ones((n, n))), like=x))
+    return o.transpose(y, tuple(int(i) for i in np.argsort(perm)))
+
+
 @lower("aten.flip.default")
 def flip(ctx, self, dims):
     nd = len(o.shape_of(self))
@@ -626,6 +653,39 @@ def var(ctx, self, dim=None, unbiased=None, keepdim=False, correction=None):
 @lower("aten.std.correction", "aten.std.dim", "aten.std.default")
 def std(ctx, self, dim=None, unbiased=None, keepdim=False, correction=None):
     return o.sqrt(var(ctx, self, dim, unbiased, keepdim, correction))
+
+
+@lower("aten.linalg_vector_norm.default")
+def linalg_vector_norm(ctx, self, ord=2, dim=None, keepdim=False, dtype=None):  # noqa: A002
+    """``||x||_ord`` over ``dim`` (all dims when None): 2, 1, inf, -inf, or any p > 0 as ``(sum |x|^p)^(1/p)``."""
+    x = self if dtype is None else o.astype(self, _f(ctx, dtype))
+    axis = _dims(x, dim) if dim is not None else None
+    if ord == 2:
+        return o.sqrt(o.sum(o.mul(x, x), axis=axis, keepdims=keepdim))
+    if ord in (math.inf, -math.inf):
+        return (o.max if ord > 0 else o.min)(o.abs(x), axis=axis, keepdims=keepdim)
+    if ord == 1:
+        return o.sum(o.abs(x), axis=axis, keepdims=keepdim)
+    if ord > 0:
+        return o.pow(o.sum(o.pow(o.abs(x), float(ord)), axis=axis, keepdims=keepdim), 1.0 / ord)
+    _unsupported("aten.linalg_vector_norm", f"ord={ord}; the lowered norms are p > 0 and inf (p = 0 counts, "
+                                            "it has no derivative)")
+
+
+@lower("aten.sign.default")
+def sign(ctx, self):
+    """-1, 0 or 1; piecewise constant, so no gradient flows (torch's too)."""
+    dt = o.dtype_of(self)
+    return o.sub(o.astype(o.greater(self, 0.0), dt), o.astype(o.less(self, 0.0), dt))
+
+
+@lower("aten.fmod.Scalar", "aten.fmod.Tensor", "aten.remainder.Scalar", "aten.remainder.Tensor")
+def fmod(ctx, self, other):
+    # torch.roll's decomposition computes its gather indices with fmod of an arange: constants only.
+    if _carries_gradient(self) or _carries_gradient(other):
+        _unsupported(ctx.op, "of a value that carries a gradient (only constant index arithmetic is lowered)")
+    a, b = np.asarray(self), np.asarray(other)
+    return np.fmod(a, b) if "fmod" in ctx.op else np.remainder(a, b)
 
 
 @lower("aten.amax.default")
@@ -807,13 +867,47 @@ def dropout(ctx, input, p, train):  # noqa: A002
 
 @lower("aten.max_pool2d_with_indices.default", "aten.max_pool2d.default")
 def max_pool2d(ctx, self, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=False):
-    if _pair(dilation) != (1, 1) or ceil_mode:
-        _unsupported("aten.max_pool2d_with_indices", f"dilation={list(_pair(dilation))}, ceil_mode={ceil_mode}; "
-                                                    "gradcheck's max_pool2d has dilation 1 and floor mode")
+    if _pair(dilation) != (1, 1):
+        _unsupported("aten.max_pool2d_with_indices", f"dilation={list(_pair(dilation))}; gradcheck's max_pool2d "
+                                                    "has dilation 1")
     stride = _pair(stride) if stride else _pair(kernel_size)
-    y = o.max_pool2d(self, _pair(kernel_size), stride, _pair(padding))
+    y = max_pool2d_ceil(self, _pair(kernel_size), stride, _pair(padding), ceil_mode)
     return (y, Unavailable("the indices of aten.max_pool2d_with_indices")) if ctx.op.endswith("with_indices.default") \
         else y
+
+
+def max_pool2d_ceil(x, kernel_size, stride, padding, ceil_mode: bool):
+    """``F.max_pool2d`` with torch's ``ceil_mode``: the input padded with -inf on the far side where ceil adds a window.
+
+    torch's rule: ``ceil((H + 2p - k) / s) + 1`` windows, less one if the
+    last would start past the input and its left padding.  The extra rows are
+    -inf, so a window that reaches them takes its maximum among real ones.
+    """
+    kernel_size, stride, padding = _pair(kernel_size), _pair(stride), _pair(padding)
+    if not ceil_mode:
+        return o.max_pool2d(x, kernel_size, stride, padding)
+    extra = []
+    for size, k, s, p in zip(o.shape_of(x)[2:], kernel_size, stride, padding):
+        out = -(-(size + 2 * p - k) // s) + 1
+        if (out - 1) * s >= size + p:
+            out -= 1
+        extra.append(max((out - 1) * s + k - size - 2 * p, 0))
+    if not any(extra):
+        return o.max_pool2d(x, kernel_size, stride, padding)
+    (ph, pw), (eh, ew) = padding, extra
+    padded = o.pad(x, ((0, 0), (0, 0), (ph, ph + eh), (pw, pw + ew)), value=-math.inf)
+    return o.max_pool2d(padded, kernel_size, stride, 0)
+
+
+@lower("aten.adaptive_max_pool2d.default")
+def adaptive_max_pool2d(ctx, self, output_size):
+    h, w = o.shape_of(self)[-2:]
+    oh, ow = (s if s is not None else d for s, d in zip(_pair(output_size), (h, w)))
+    if h % oh or w % ow or len(o.shape_of(self)) != 4:
+        _unsupported("aten.adaptive_max_pool2d", f"output {(oh, ow)} of an input {o.shape_of(self)}; lowered where "
+                                                 "the output divides the NCHW input (as a max pool with that window)")
+    y = o.max_pool2d(self, (h // oh, w // ow), (h // oh, w // ow), 0)
+    return y, Unavailable("the indices of aten.adaptive_max_pool2d")
 
 
 @lower("aten.avg_pool2d.default")

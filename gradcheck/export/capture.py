@@ -36,7 +36,7 @@ PRESERVED = (
     _aten.matmul.default,
     _aten.conv1d.default, _aten.conv2d.default, _aten.conv1d.padding, _aten.conv2d.padding,
     _aten.conv_transpose1d.default, _aten.conv_transpose2d.input,
-    _aten.layer_norm.default, _aten.group_norm.default,
+    _aten.layer_norm.default, _aten.group_norm.default, _aten.rms_norm.default,
     _aten.scaled_dot_product_attention.default,
     _aten.hardswish.default, _aten.hardsigmoid.default, _aten.silu.default,
     _aten.upsample_nearest2d.vec, _aten.upsample_bilinear2d.vec,
@@ -100,6 +100,9 @@ class Graph:
     dropout_nodes: dict[str, int]  # node name -> dropout index (call order)
     dropout_shapes: list[tuple[tuple[int, ...], float]]
     problems: dict[str, str] = field(default_factory=dict)  # node name -> why the tape and jax cannot run it
+    # Why the graph as a whole does not compute what the module does in float64 although each node's lowering
+    # matches torch's op ("" when it does): a decomposition that fixed a value at the capture's dtype.
+    unfaithful: str = ""
     # Nodes computed from constants alone (causal masks from arange): no parameter or input reaches them, so
     # their comparisons are not kinks of the function being checked.
     constants: set[str] = field(default_factory=set)

@@ -90,6 +90,8 @@ def _unavailable_in(args, kwargs):
 
 def run(graph: capture.Graph, values: dict, floats, mask, layer_of=None) -> list:
     """The graph's outputs, in the order of its output specs, from placeholder values."""
+    if graph.unfaithful:
+        raise UnsupportedOp(graph.unfaithful)
     env: dict = {}
     ctx = Context(floats, mask)
     stack = gmodule.current_calls()
@@ -306,8 +308,9 @@ def _differ(tout, lout) -> str | None:
             return f"{int(np.sum(a.astype(t.dtype) != t))} of {t.size} elements differ"
         return None
     a64, t64 = a.astype(np.float64), t.astype(np.float64)
-    same_special = np.array_equal(np.isnan(a64), np.isnan(t64)) and np.array_equal(np.isinf(a64) * np.sign(a64),
-                                                                                  np.isinf(t64) * np.sign(t64))
+    # Which entries are NaN, +inf and -inf (a NaN's sign is NaN: it must not reach the comparison).
+    same_special = np.array_equal(np.isnan(a64), np.isnan(t64)) and np.array_equal(
+        np.where(np.isinf(a64), np.sign(a64), 0.0), np.where(np.isinf(t64), np.sign(t64), 0.0))
     if not same_special:
         return "NaN or infinite entries differ"
     finite = np.isfinite(t64)
