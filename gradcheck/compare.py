@@ -158,8 +158,11 @@ def compare_leaf(path: str, role: str, arrays: dict, *, dtype: str, rules: Toler
                  expect_array: bool = True, case_scale: float = 0.0) -> LeafResult:
     """Compare one leaf across backends. ``arrays`` maps backend -> array, None or MISSING.
 
-    ``case_scale`` is the largest gradient entry of the whole case, against
-    which a leaf's gradient is judged vacuous (see ``VACUOUS_REL``).  The
+    ``case_scale`` is, for a gradient, the largest gradient entry of the
+    whole case, against which the leaf is judged vacuous (see
+    ``VACUOUS_REL``); for a buffer, the scale of the case's updated buffers,
+    below which its absolute tolerance does not go (see
+    ``runner._buffer_scale``).  The
     leaf comes back ``agree`` or ``disagree`` as its pairs say (or with the
     verdict of a failed earlier check); blame is ``verdict.decide``'s.
     """
@@ -181,6 +184,8 @@ def compare_leaf(path: str, role: str, arrays: dict, *, dtype: str, rules: Toler
     leaf.norms = {n: w.norm for n, w in operands.items()}
     maxes = sorted(float(np.max(w.abs)) if w.v.size else 0.0 for w in operands.values())
     scale = maxes[len(maxes) // 2] if len(maxes) % 2 else 0.5 * (maxes[len(maxes) // 2 - 1] + maxes[len(maxes) // 2])
+    if role == "buffer":
+        scale = max(scale, case_scale)
     base_tol = rules.resolve(path, dtype, layer)
     leaf.tolerance = base_tol.record(scale)
     ratios_of = []  # per pair: a function computing its elementwise error ratios

@@ -325,10 +325,11 @@ def _compare(cr: CaseRun, runs: dict[str, BackendRun], options: RunOptions, res:
     for k in range(cr.n_out):
         path = "output" if cr.n_out == 1 else f"output.{k}"
         res.leaves.append(judge(path, "output", lambda ev, k=k: _nth_output(ev.value, k)))
-    for leaf in leaves:
-        if leaf.kind == "buffer" and np.asarray(leaf.value).dtype.kind == "f":
-            res.leaves.append(judge(leaf.path, "buffer", lambda ev, p=leaf.path: ev.buffers.get(p, MISSING),
-                                    layer=owners.get(leaf.path, "")))
+    buffers = [leaf for leaf in leaves if leaf.kind == "buffer" and np.asarray(leaf.value).dtype.kind == "f"]
+    floor = _buffer_scale(runs, [leaf.path for leaf in buffers])
+    for leaf in buffers:
+        res.leaves.append(judge(leaf.path, "buffer", lambda ev, p=leaf.path: ev.buffers.get(p, MISSING),
+                                layer=owners.get(leaf.path, ""), scale=floor))
 
     grad_leaves = []
     known = set()
@@ -394,6 +395,28 @@ def _case_scale(grad_leaves) -> float:
                 a = np.abs(np.asarray(v))
                 best = max(best, float(np.max(a, where=np.isfinite(a), initial=0.0)))
     return best
+
+
+def _buffer_scale(runs: dict[str, BackendRun], paths: list[str]) -> float:
+    """The largest float64 entry over the case's updated buffers: each backend's, then the median of those.
+
+    A running statistic that is zero in exact arithmetic (the batch mean of a
+    channel a previous BatchNorm centred) comes out as rounding noise of its
+    inputs' scale, ~1e-17, which its own values do not show; buffers are
+    compared with an absolute floor at the scale of the case's statistics
+    instead.  The median, so that one backend's wrong statistics cannot widen
+    everyone's floor.
+    """
+    maxes = []
+    for r in runs.values():
+        best = 0.0
+        for p in paths:
+            v = r.ev64.buffers.get(p, MISSING) if r.ev64 is not None else MISSING
+            if v is not MISSING and v is not None and np.size(v):
+                a = np.abs(np.asarray(v, dtype=np.float64))
+                best = max(best, float(np.max(a, where=np.isfinite(a), initial=0.0)))
+        maxes.append(best)
+    return float(np.median(maxes)) if maxes else 0.0
 
 
 def _nth_output(value, k):

@@ -94,6 +94,24 @@ def test_batchnorm_running_stats_are_compared_as_buffers():
     assert not any(x.path.endswith("num_batches_tracked") and x.role != "buffer" for x in r.leaves)
 
 
+def test_a_running_statistic_that_is_rounding_noise_is_held_to_the_statistics_scale():
+    # A channel whose batch mean is 0 in exact arithmetic (timm's MobileNetV3 and EfficientNet have them): each
+    # backend's running mean is ~1e-17 of noise, which its own values cannot scale a tolerance for.
+    from gradcheck.compare import compare_leaf
+
+    rng = np.random.default_rng(0)
+    noise = {b: rng.standard_normal(8) * 1e-17 for b in ("tape", "torch", "jax")}
+    rules = ToleranceRules()
+    held = compare_leaf("bn.running_mean", "buffer", noise, dtype="float64", rules=rules, case_scale=0.9)
+    assert held.verdict == "agree"
+    assert compare_leaf("bn.running_mean", "buffer", noise, dtype="float64", rules=rules).verdict == "disagree"
+    # The control: at that scale a real error in the statistic (one part in a million of it) still fails.
+    mean = {b: np.linspace(-0.3, 0.3, 8) for b in noise}
+    mean["torch"] = mean["torch"] * (1 + 1e-6)
+    assert compare_leaf("bn.running_mean", "buffer", mean, dtype="float64", rules=rules,
+                        case_scale=0.9).verdict == "disagree"
+
+
 # ---------------------------------------------------------------- negative controls
 def test_scaled_bias_gradient_on_the_tape_is_blamed_on_the_tape(monkeypatch):
     wrong = lambda g, ans, a, b: tape_ops.unbroadcast(ops.mul(g, 1.01), tape_ops._shape(b))

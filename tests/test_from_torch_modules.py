@@ -48,6 +48,18 @@ class PaddedSelfAttention(nn.Module):
         return self.mha(x, x, x, key_padding_mask=self.padding)[0]
 
 
+class Float32Statistics(nn.Module):
+    """An RMSNorm as T5's and Llama's are written: the statistic computed in ``.to(torch.float32)``."""
+
+    def __init__(self, n):
+        super().__init__()
+        self.weight = nn.Parameter(torch.linspace(0.5, 1.5, n))
+
+    def forward(self, x):
+        var = x.to(torch.float32).pow(2).mean(-1, keepdim=True) + x.float().mean(-1, keepdim=True) ** 2
+        return self.weight * (x * torch.rsqrt(var + 1e-6)).to(x.dtype)
+
+
 def _x(*shape, seed=0):
     return torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
 
@@ -84,6 +96,10 @@ MODULES = [
     ("MultiheadAttention, key padding mask", lambda: PaddedSelfAttention(), lambda: (_x(2, 5, 8),)),
     ("TransformerEncoderLayer, norm first, gelu", lambda: nn.TransformerEncoderLayer(
         8, 2, 16, dropout=0.0, batch_first=True, norm_first=True, activation="gelu"), lambda: (_x(2, 5, 8),)),
+    ("a cast to float32 in forward (T5, Llama)", lambda: Float32Statistics(6), lambda: (_x(2, 3, 6),)),
+    ("BatchNorm after a 1x1 convolution of a BatchNorm", lambda: nn.Sequential(
+        nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8), nn.Conv2d(8, 8, 1, bias=False), nn.BatchNorm2d(8)),
+     lambda: (_x(4, 3, 6, 6),)),
     ("a float constant made in forward", lambda: Fn(lambda x: x @ torch.ones(5, 3) + torch.zeros(3)),
      lambda: (_x(2, 5),)),
 ]

@@ -276,14 +276,16 @@ class Program:
         was = [m.training for m in self.wrapper.modules()]
         self.wrapper.train(training)
         # A module's own float constants (torch.zeros(...), torch.tensor(0.5) in its forward) take the default
-        # dtype: in a float64 run that is float64, as the graph's constants are (its float dtypes are the run's).
+        # dtype, and its casts name a float dtype (T5's and Llama's RMSNorm compute in .to(torch.float32)): in a
+        # float64 run both are float64, as in the graph, whose float dtypes are the run's.
         default = torch.get_default_dtype()
         floats = {v.dtype for v in list(state.values()) + list(inputs) if isinstance(v, torch.Tensor)
                   and v.is_floating_point()}
+        run_dtype = torch.float64 if floats == {torch.float64} else None
         try:
-            if floats == {torch.float64}:
-                torch.set_default_dtype(torch.float64)
-            with CaseDropout(root._dropout_seed, graph.dropout_shapes) as mode:
+            if run_dtype is not None:
+                torch.set_default_dtype(run_dtype)
+            with CaseDropout(root._dropout_seed, graph.dropout_shapes, run_dtype) as mode:
                 out = torch.func.functional_call(self.wrapper, state, inputs, tie_weights=True, strict=False)
             mode.finish()
         finally:
@@ -361,7 +363,7 @@ class CaseDropout:
     (``KinkMismatch``), and the run is repeated unpinned with a note.
     """
 
-    def __init__(self, seed: int, expected: list):
+    def __init__(self, seed: int, expected: list, run_dtype=None):
         from torch.overrides import TorchFunctionMode
 
         outer = self
@@ -378,6 +380,7 @@ class CaseDropout:
         self.seed = seed
         self.expected = expected
         self.k = 0
+        self.run_dtype = run_dtype  # every float dtype a call names becomes this one (None: as the module says)
 
     def __enter__(self):
         self._mode.__enter__()
@@ -405,6 +408,10 @@ class CaseDropout:
 
         from gradcheck.backends import torch_ops
 
+        if self.run_dtype is not None:
+            if func in _float_casts():
+                return args[0].to(self.run_dtype)
+            args, kwargs = _run_dtype(args, self.run_dtype), {k: _run_dtype(v, self.run_dtype) for k, v in kwargs.items()}
         if self.pinning and any(func is f for f in _relus()):
             return ops.relu(args[0] if args else kwargs["input"])
         if self.pinning and func is F.max_pool2d:
@@ -447,6 +454,25 @@ class CaseDropout:
         if self.k != len(self.expected):
             raise RuntimeError(f"the module ran {self.k} dropouts but its exported graph has {len(self.expected)}; "
                                "the forward differs from the captured one")
+
+
+@functools.cache
+def _float_casts() -> tuple:
+    """The tensor methods that cast to one fixed float dtype."""
+    import torch
+
+    return (torch.Tensor.float, torch.Tensor.half, torch.Tensor.bfloat16, torch.Tensor.double)
+
+
+def _run_dtype(value, run_dtype):
+    """``value`` with every float torch dtype in it (nested in tuples and lists too) replaced by ``run_dtype``."""
+    import torch
+
+    if isinstance(value, torch.dtype):
+        return run_dtype if value.is_floating_point else value
+    if type(value) in (tuple, list):  # plain ones only: a named tuple or torch.Size holds no dtype to replace
+        return type(value)(_run_dtype(v, run_dtype) for v in value)
+    return value
 
 
 @functools.cache
