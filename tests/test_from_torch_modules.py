@@ -100,6 +100,11 @@ MODULES = [
     ("BatchNorm after a 1x1 convolution of a BatchNorm", lambda: nn.Sequential(
         nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8), nn.Conv2d(8, 8, 1, bias=False), nn.BatchNorm2d(8)),
      lambda: (_x(4, 3, 6, 6),)),
+    ("as_strided windows (overlapping)", lambda: Fn(lambda x: x.as_strided((4, 3), (1, 1)) * torch.arange(3.0)),
+     lambda: (_x(6),)),
+    # Uninitialised memory is only a shape: the lowering's zeros and torch's garbage are not compared.
+    ("new_empty then fill", lambda: Fn(lambda x: x * x.new_empty(x.shape).fill_(2.0)), lambda: (_x(2, 3),)),
+    ("empty_like then copy", lambda: Fn(lambda x: torch.empty_like(x).copy_(x) * x), lambda: (_x(2, 3),)),
     ("a float constant made in forward", lambda: Fn(lambda x: x @ torch.ones(5, 3) + torch.zeros(3)),
      lambda: (_x(2, 5),)),
 ]

@@ -350,6 +350,21 @@ def zeros(ctx, size, dtype=None, **_):
     return np.zeros(tuple(size), dtype=_f(ctx, dtype) or ctx.floats)
 
 
+@lower("aten.copy.default")
+def copy(ctx, self, src, non_blocking=False):
+    """``self.copy_(src)`` made functional: ``src`` in ``self``'s shape and dtype; the gradient goes to ``src``."""
+    dt = np.dtype(o.dtype_of(self))
+    src = src if np.dtype(o.dtype_of(src)) == dt else o.astype(src, dt)
+    shape = o.shape_of(self)
+    return src if o.shape_of(src) == shape else o.broadcast_to(src, shape)
+
+
+@lower("aten.empty_permuted.default")
+def empty_permuted(ctx, size, physical_layout, dtype=None, **_):
+    # torch.empty_like's: the layout in memory is torch's business, the values are nobody's.
+    return zeros(ctx, size, dtype)
+
+
 @lower("aten.ones.default")
 def ones(ctx, size, dtype=None, **_):
     return np.ones(tuple(size), dtype=_f(ctx, dtype) or ctx.floats)
@@ -577,6 +592,22 @@ def index(ctx, self, indices):
 @lower("aten.index_select.default")
 def index_select(ctx, self, dim, index):
     return o.take(self, index, axis=dim)
+
+
+@lower("aten.as_strided.default", "aten.as_strided_copy.default")
+def as_strided(ctx, self, size, stride, storage_offset=None):
+    """Element ``i`` of the view is ``self``'s element ``offset + sum_k i_k stride_k`` in row-major order.
+
+    That is ``as_strided`` of a contiguous tensor, which is what a graph's
+    value is; the lowering check holds it to torch's result on the tensor
+    torch actually had.  A gather, so overlapping windows add up their
+    gradients, as torch's backward does.
+    """
+    nd = len(size)
+    index = np.full(tuple(size), int(storage_offset or 0), dtype=np.int64)
+    for k, (n, s) in enumerate(zip(size, stride)):
+        index = index + np.arange(n).reshape((1,) * k + (n,) + (1,) * (nd - k - 1)) * int(s)
+    return o.take(o.reshape(self, (-1,)), index, axis=0)
 
 
 @lower("aten.gather.default")
