@@ -60,6 +60,20 @@ class Float32Statistics(nn.Module):
         return self.weight * (x * torch.rsqrt(var + 1e-6)).to(x.dtype)
 
 
+class DropPathBlock(nn.Module):
+    """A residual block with dropout and timm's DropPath: a per-sample keep mask from ``bernoulli_``."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(6, 6)
+        self.drop = nn.Dropout(0.25)
+
+    def forward(self, x):
+        keep = 0.7
+        mask = x.new_empty((x.shape[0],) + (1,) * (x.ndim - 1)).bernoulli_(keep)
+        return x + self.drop(torch.tanh(self.fc(x))) * mask / keep
+
+
 def _x(*shape, seed=0):
     return torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
 
@@ -105,6 +119,7 @@ MODULES = [
     # Uninitialised memory is only a shape: the lowering's zeros and torch's garbage are not compared.
     ("new_empty then fill", lambda: Fn(lambda x: x * x.new_empty(x.shape).fill_(2.0)), lambda: (_x(2, 3),)),
     ("empty_like then copy", lambda: Fn(lambda x: torch.empty_like(x).copy_(x) * x), lambda: (_x(2, 3),)),
+    ("DropPath and dropout in training (the case's masks)", lambda: DropPathBlock(), lambda: (_x(8, 6),)),
     ("a float constant made in forward", lambda: Fn(lambda x: x @ torch.ones(5, 3) + torch.zeros(3)),
      lambda: (_x(2, 5),)),
 ]

@@ -891,6 +891,21 @@ def native_dropout(ctx, input, p, train):  # noqa: A002
         Unavailable("the mask of aten.native_dropout")
 
 
+@lower("aten.bernoulli.p")
+def bernoulli(ctx, self, p=0.5, generator=None):
+    """1 with probability ``p``, else 0, shaped like ``self``: the case's mask (DropPath draws its keep mask so).
+
+    The mask is the one a dropout of probability ``1 - p`` would keep, drawn
+    for this node from the case seed; torch's run gets the same one.  A
+    constant: a random draw has no derivative.
+    """
+    shape = o.shape_of(self)
+    dt = np.dtype(o.dtype_of(self)) if np.dtype(o.dtype_of(self)).kind == "f" else ctx.floats
+    if not 0.0 < p < 1.0:
+        return np.full(shape, float(p >= 1.0), dtype=dt)
+    return (np.asarray(ctx.dropout_mask(shape, 1.0 - p)) != 0).astype(dt)
+
+
 @lower("aten.dropout.default")
 def dropout(ctx, input, p, train):  # noqa: A002
     return native_dropout(ctx, input, p, train)[0]

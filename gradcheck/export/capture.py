@@ -223,6 +223,9 @@ def _dropout_p(node) -> float:
     if target in ("aten.native_dropout.default", "aten.dropout.default"):
         p, train = args[1], args[2] if args[2] is not None else node.kwargs.get("train", True)
         return float(p) if train and p else 0.0
+    if target == "aten.bernoulli.p":  # keep units with probability p (DropPath's mask): a drop probability 1 - p
+        p = float(args[1] if args[1] is not None else node.kwargs.get("p", 0.5))
+        return 1.0 - p if 0.0 < p < 1.0 else 0.0
     if target in ("aten.scaled_dot_product_attention.default",
                   "aten._scaled_dot_product_flash_attention_for_cpu.default"):
         pos = 4 if target.startswith("aten.scaled") else 3
@@ -234,7 +237,7 @@ def _dropout_p(node) -> float:
 def _dropout_shape(node) -> tuple[int, ...]:
     """The shape of a dropout's mask: its input's, or the attention weights' (..., L, S)."""
     target = str(node.target)
-    if "dropout" in target:
+    if "dropout" in target or "bernoulli" in target:
         return tuple(int(d) for d in node.args[0].meta["val"].shape)
     q, k = (tuple(int(d) for d in a.meta["val"].shape) for a in node.args[:2])
     return tuple(np.broadcast_shapes(q[:-2], k[:-2])) + (q[-2], k[-2])

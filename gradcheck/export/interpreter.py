@@ -151,6 +151,11 @@ def torch_dropout(node_target: str, args, kwargs, mask_for):
     from gradcheck.backends import torch_ops
 
     args = list(args) + [None] * 8
+    if node_target == "aten.bernoulli.p":
+        x, p = args[0], float(args[1] if args[1] is not None else kwargs.get("p", 0.5))
+        if not 0.0 < p < 1.0:
+            return None
+        return torch.as_tensor(np.asarray(mask_for(tuple(x.shape), 1.0 - p)) != 0, dtype=x.dtype)
     if node_target in ("aten.native_dropout.default", "aten.dropout.default"):
         x, p, train = args[0], args[1], args[2] if args[2] is not None else kwargs.get("train", True)
         if not (train and p):

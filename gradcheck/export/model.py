@@ -466,6 +466,14 @@ class CaseDropout:
                     q, k, bound["value"], attn_mask=bound["attn_mask"], dropout_mask=self._next(shape, p),
                     is_causal=bool(bound["is_causal"]), scale=bound["scale"])
             return func(*args, **kwargs)
+        if func is torch.Tensor.bernoulli_:  # DropPath's keep mask: x.new_empty(shape).bernoulli_(keep_prob)
+            bound = _bind(("input", "p", "generator"), (None, 0.5, None), args, kwargs)
+            t, p = bound["input"], bound["p"]
+            if isinstance(p, (int, float)) and 0.0 < p < 1.0:
+                keep = np.asarray(self._next(tuple(t.shape), 1.0 - float(p))) != 0
+                with torch.no_grad():
+                    return t.copy_(torch.as_tensor(keep, dtype=t.dtype, device=t.device))
+            return func(*args, **kwargs)
         if func in (F.dropout1d, F.dropout2d, F.dropout3d, F.alpha_dropout, F.feature_alpha_dropout):
             bound = _bind(("input", "p", "training", "inplace"), (None, 0.5, False, False), args, kwargs)
             if bound["training"] and bound["p"] > 0:
