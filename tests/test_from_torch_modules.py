@@ -120,6 +120,10 @@ MODULES = [
     ("new_empty then fill", lambda: Fn(lambda x: x * x.new_empty(x.shape).fill_(2.0)), lambda: (_x(2, 3),)),
     ("empty_like then copy", lambda: Fn(lambda x: torch.empty_like(x).copy_(x) * x), lambda: (_x(2, 3),)),
     ("DropPath and dropout in training (the case's masks)", lambda: DropPathBlock(), lambda: (_x(8, 6),)),
+    ("scatter_add (repeated positions)", lambda: Fn(lambda x, y: y.scatter_add(
+        1, torch.tensor([[0, 2, 2, 1], [1, 3, 4, 4]]), x)), lambda: (_x(2, 4), _x(2, 5, seed=1))),
+    ("scatter_add, an index narrower than self", lambda: Fn(lambda x, y: y.scatter_add(
+        0, torch.tensor([[1, 0], [1, 2]]), x)), lambda: (_x(2, 2), _x(3, 4, seed=1))),
     ("a float constant made in forward", lambda: Fn(lambda x: x @ torch.ones(5, 3) + torch.zeros(3)),
      lambda: (_x(2, 5),)),
 ]

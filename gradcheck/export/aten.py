@@ -621,6 +621,32 @@ def gather(ctx, self, dim, index, sparse_grad=False):
     return o.getitem(self, parts)
 
 
+@lower("aten.scatter_add.default")
+def scatter_add(ctx, self, dim, index, src):
+    """``self`` plus ``src[p]`` added at ``p`` with its ``dim`` coordinate replaced by ``index[p]``.
+
+    The index is a constant (a graph's scatter positions come from data, not
+    from a parameter), so the scatter is a sum against its one-hot: linear in
+    ``self`` and ``src``, and a repeated position adds up, as torch's does.
+    """
+    if _carries_gradient(index):
+        _unsupported("aten.scatter_add", "with an index that is not a constant")
+    index = np.asarray(index)
+    shape, ishape = o.shape_of(self), index.shape
+    nd = len(shape)
+    dim %= nd
+    if any(i > s for i, s in zip(ishape, shape)) or any(i > s for i, s in zip(ishape, o.shape_of(src))):
+        _unsupported("aten.scatter_add", f"an index of shape {ishape} larger than self {shape} or src")
+    src = o.getitem(src, tuple(slice(0, i) for i in ishape))
+    hot = np.expand_dims(index, -1) == np.arange(shape[dim])  # (ishape..., n): where each entry lands
+    added = o.sum(o.mul(o.expand_dims(src, nd), o.asarray(hot, like=src)), axis=dim)  # ishape without dim, + (n,)
+    added = o.transpose(added, tuple(range(dim)) + (nd - 1,) + tuple(range(dim, nd - 1)))
+    short = [(0, s - i) if k != dim else (0, 0) for k, (i, s) in enumerate(zip(ishape, shape))]
+    if any(after for _, after in short):
+        added = o.pad(added, tuple(short))
+    return o.add(self, added)
+
+
 @lower("aten.cumsum.default")
 def cumsum(ctx, self, dim, dtype=None):
     """A product with the upper-triangular ones matrix along ``dim`` (differentiable wherever matmul is)."""
