@@ -388,13 +388,15 @@ def _spread(a, b) -> float:
 
 def _case_scale(grad_leaves) -> float:
     """The largest finite float64 gradient entry over every trainable leaf and backend."""
-    best = 0.0
-    for _, _, arrays in grad_leaves:
-        for v in arrays.values():
-            if v is not MISSING and v is not None and np.size(v):
-                a = np.abs(np.asarray(v))
-                best = max(best, float(np.max(a, where=np.isfinite(a), initial=0.0)))
-    return best
+    return max((_finite_max(v) for _, _, arrays in grad_leaves for v in arrays.values()), default=0.0)
+
+
+def _finite_max(v) -> float:
+    """The largest finite |entry| of a leaf's array (0 for a missing or empty one)."""
+    if v is MISSING or v is None or not np.size(v):
+        return 0.0
+    a = np.abs(np.asarray(v, dtype=np.float64))
+    return float(np.max(a, where=np.isfinite(a), initial=0.0))
 
 
 def _buffer_scale(runs: dict[str, BackendRun], paths: list[str]) -> float:
@@ -407,15 +409,7 @@ def _buffer_scale(runs: dict[str, BackendRun], paths: list[str]) -> float:
     instead.  The median, so that one backend's wrong statistics cannot widen
     everyone's floor.
     """
-    maxes = []
-    for r in runs.values():
-        best = 0.0
-        for p in paths:
-            v = r.ev64.buffers.get(p, MISSING) if r.ev64 is not None else MISSING
-            if v is not MISSING and v is not None and np.size(v):
-                a = np.abs(np.asarray(v, dtype=np.float64))
-                best = max(best, float(np.max(a, where=np.isfinite(a), initial=0.0)))
-        maxes.append(best)
+    maxes = [max((_finite_max(r.ev64.buffers.get(p, MISSING)) for p in paths), default=0.0) for r in runs.values()]
     return float(np.median(maxes)) if maxes else 0.0
 
 

@@ -716,7 +716,7 @@ def std(ctx, self, dim=None, unbiased=None, keepdim=False, correction=None):
 def linalg_vector_norm(ctx, self, ord=2, dim=None, keepdim=False, dtype=None):  # noqa: A002
     """``||x||_ord`` over ``dim`` (all dims when None): 2, 1, inf, -inf, or any p > 0 as ``(sum |x|^p)^(1/p)``."""
     x = self if dtype is None else o.astype(self, _f(ctx, dtype))
-    axis = _dims(x, dim) if dim is not None else None
+    axis = _dims(x, dim)
     if ord == 2:
         return o.sqrt(o.sum(o.mul(x, x), axis=axis, keepdims=keepdim))
     if ord in (math.inf, -math.inf):
@@ -926,7 +926,8 @@ def bernoulli(ctx, self, p=0.5, generator=None):
     constant: a random draw has no derivative.
     """
     shape = o.shape_of(self)
-    dt = np.dtype(o.dtype_of(self)) if np.dtype(o.dtype_of(self)).kind == "f" else ctx.floats
+    dt = np.dtype(o.dtype_of(self))
+    dt = dt if dt.kind == "f" else ctx.floats
     if not 0.0 < p < 1.0:
         return np.full(shape, float(p >= 1.0), dtype=dt)
     return (np.asarray(ctx.dropout_mask(shape, 1.0 - p)) != 0).astype(dt)
