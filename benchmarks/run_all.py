@@ -370,7 +370,14 @@ def _referee(ref) -> list[str]:
 
 def _suites(su) -> list[str]:
     out = ["## 4. Suites: wall time and peak memory", ""]
-    out += [f"Command: `{su['command']}` (each suite a fresh `gradcheck run <suite>` process).", ""]
+    out += [f"Command: `{su['command']}` (each suite a fresh `gradcheck run <suite>` process; then CI's headline",
+            "commands, as `.ci/headline.py` runs them).", ""]
+    blas_env = su.get("blas_environment")
+    if blas_env is not None:
+        pinned = ", ".join(f"{k}={v}" for k, v in blas_env.items() if v is not None)
+        out += [f"numpy BLAS in these runs (threadpoolctl): {su['machine']['blas']}; "
+                + (f"pinned by {pinned}." if pinned else "the machine's own kernels (no OPENBLAS_CORETYPE or "
+                   "OPENBLAS_L2_SIZE set)."), ""]
     rows = []
     for s in su["suites"].values():
         bs = s["backend_seconds"]
@@ -390,6 +397,15 @@ def _suites(su) -> list[str]:
         "time is made of.",
         "",
     ]
+    if su.get("headline"):
+        rows = [(f"`{h['command']}`", h["returncode"], h["cases"], f"{_s(h['wall'])} s", f"{h['peak_rss_mib']:.0f} MiB",
+                 ", ".join(f"{k} {v}" for k, v in h["verdicts"].items()),
+                 ", ".join(f"{k} {v}" for k, v in h["leaf_verdicts"].items())) for h in su["headline"]]
+        total = sum(h["wall"] for h in su["headline"])
+        out += ["CI's headline step (`.ci/headline.py`: each command must exit 0 with every leaf agreeing):", ""]
+        out += _table(["command", "exit", "cases", "wall", "peak RSS", "case verdicts", "leaf verdicts"], rows)
+        out += ["", f"Together {_s(total)} s of wall time (load average at the end: "
+                f"{su['headline'][-1].get('loadavg_end')}).", ""]
     return out
 
 

@@ -11,38 +11,38 @@ import pytest
 
 import gradcheck.layers as L
 from gradcheck import localise, ops, runner
-from gradcheck.backends import get_backend, torch_ops
+from gradcheck.backends import get_backend, tape_ops
 from gradcheck.backends.base import Backend
 from gradcheck.case import Case
 from gradcheck.layers.models import MODELS
 from gradcheck.module import Module, child
 from gradcheck.runner import RunOptions, run_case
+from gradcheck.tape import Primitive
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("jax")
 
+from gradcheck.backends import jax_ops, torch_ops  # noqa: E402  (after the importorskips: they import the frameworks)
+
 
 def run_localised(monkeypatch, case, options=None, per_layer=False, keep=False):
-    """``run_case``, then ``localise`` on what it ran (until the runner calls it itself)."""
+    """``run_case`` (which localises by itself), and the CaseRun it built: its ``localisation`` is the replay's."""
     options = options or RunOptions()
     if per_layer:
         options.per_layer = True
     if keep:  # every replayed call keeps its arrays (by default only the disagreeing ones do)
         options.keep_replays = True
     seen = {}
-    original = runner._run_backends
+    original = runner.CaseRun
 
-    def capture(cr, opts, res):
-        runs = original(cr, opts, res)
-        seen["cr"], seen["runs"] = cr, runs
-        return runs
+    def capture(case):
+        seen["cr"] = original(case)
+        return seen["cr"]
 
-    monkeypatch.setattr(runner, "_run_backends", capture)
+    monkeypatch.setattr(runner, "CaseRun", capture)  # only to hand the CaseRun back; run_case does the rest
     res = run_case(case, options)
-    cr = seen["cr"]
-    if getattr(cr, "localisation", None) is None:
-        localise.localise(cr, seen["runs"], res, options)
-    return res, cr
+    monkeypatch.setattr(runner, "CaseRun", original)
+    return res, seen["cr"]
 
 
 def disagreeing(res):
@@ -219,6 +219,89 @@ def mlp(rng):
 
 
 MLP = Case("mlp", mlp, lambda rng: (rng.standard_normal((5, 4)),))
+
+
+# ---------------------------------------------------------------- the same fault on each backend
+def linear_input_gradient_scaled(monkeypatch, backend, weight_shape=(8, 8), factor=1.001):
+    """``backend``'s linear, for weights of ``weight_shape`` only: its forward and weight gradient right, its input
+    gradient ``factor`` times too large.  The same fault on every backend, each through its own machinery: a
+    torch ``autograd.Function``, a ``jax.custom_vjp``, a tape primitive."""
+    if backend == "torch":
+        class Scaled(torch.autograd.Function):
+            @staticmethod
+            def forward(ctx, x):
+                return x.clone()
+
+            @staticmethod
+            def backward(ctx, g):
+                return g * factor
+
+        scaled, module = Scaled.apply, torch_ops
+    elif backend == "jax":
+        import jax
+
+        @jax.custom_vjp
+        def scaled(x):
+            return x
+
+        scaled.defvjp(lambda x: (x, None), lambda _, g: (g * factor,))
+        module = jax_ops
+    else:
+        scaled = Primitive("linear_input_gradient_scaled", lambda x: x).defvjp(lambda g, ans, x: ops.mul(g, factor))
+        module = tape_ops
+    # The tape has no linear of its own: it runs the derived one (matmul and add on tape primitives).
+    original = getattr(module, "linear", None) or ops.linear.__wrapped__
+
+    def linear(x, weight, bias=None):
+        return original(scaled(x) if tuple(ops.shape_of(weight)) == weight_shape else x, weight, bias)
+
+    monkeypatch.setattr(module, "linear", linear, raising=False)
+
+
+@pytest.mark.parametrize("backend", ["tape", "torch", "jax"])
+def test_a_wrong_input_gradient_on_each_backend_is_localised_and_blamed_on_that_backend(monkeypatch, backend):
+    # The control first: the same case agrees, every layer replayed alone agrees.  It also leaves every layer's
+    # replay compiled by jax, as in a process that checked the model before: the fault injected next must
+    # still be what the replays run (a cache keyed on the replay's function alone gave origin '' here).
+    clean, cr = run_localised(monkeypatch, MLP, per_layer=True)
+    assert clean.verdict == "agree" and clean.origin is None and not disagreeing(clean)
+    assert all(c.verdict == "agree" for c in cr.localisation.calls if c.replayed)
+    linear_input_gradient_scaled(monkeypatch, backend)
+    res, cr = run_localised(monkeypatch, MLP)
+    o = res.origin
+    assert o is not None, res.notes
+    assert (o.path, o.layer, o.kind, o.blame, o.op) == ("2", "Dense", "vjp", [backend], "linear"), o
+    # Everything before the wrong layer is off, blamed on that backend alone, and only inherits the origin.
+    bad = disagreeing(res)
+    assert {p: (x.blame, x.inherited) for p, x in bad.items()} == {
+        p: ([backend], True) for p in ("0.weight", "0.bias", "input")}
+    for path in ("2.weight", "2.bias", "4.weight", "4.bias", "output"):
+        assert leaf(res, path).verdict == "agree" and leaf(res, path).blame == []
+    # The wrong layer alone: its input gradient is off and its weight gradient is not.
+    calls = {c.name: c for c in cr.localisation.calls if c.replayed}
+    assert {c for c, call in calls.items() if call.vjp_off()} == {"2"}
+    assert [(x.path, x.blame) for x in calls["2"].vjp_off()] == [("2:input.0", [backend])]
+    # Undone, the case agrees again (the replays compiled before the fault are the right ones to reuse).
+    monkeypatch.undo()
+    again = run_case(MLP)
+    assert again.verdict == "agree" and again.origin is None
+
+
+def test_run_case_itself_localises_a_disagreement(monkeypatch):
+    # No capture and no second call here: the origin and the notes are what run_case alone produced.
+    torch_batch_norm_wrong_where(monkeypatch, 4, None)
+    res = run_case(CONV_BN)
+    assert res.verdict == "disagree"
+    o = res.origin
+    assert o is not None, res.notes
+    assert (o.path, o.layer, o.kind, o.blame, o.op) == ("1", "BatchNorm2d", "vjp", ["torch"], "batch_norm")
+    assert leaf(res, "0.weight").inherited and leaf(res, "0.weight").blame == ["torch"]
+    assert any(n.startswith("per-layer replay: 4 layers and 0 blocks replayed alone on torch, jax, tape")
+               for n in res.notes), res.notes
+    monkeypatch.undo()  # the control: the same case agrees and is not replayed
+    clean = run_case(CONV_BN)
+    assert clean.verdict == "agree" and clean.origin is None
+    assert not any(n.startswith("per-layer replay") for n in clean.notes)
 
 
 def test_a_forward_difference_is_not_a_wrong_backward(monkeypatch):

@@ -11,7 +11,6 @@ exactly that backend, and nobody else.
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
 from gradcheck import ops
@@ -181,6 +180,17 @@ def test_an_injected_wrong_backward_is_caught_in_float64_and_blamed_on_that_back
     assert all(x.dtype == "float64" for x in bad)  # decided in float64
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("where", [RESNET, TRANSFORMER, dict(model="lenet5")], ids=lambda w: w["model"])
+def test_without_an_injection_every_leaf_agrees_and_nobody_is_blamed(where):
+    # The control of every injection above: the same model, seed and backends, the frameworks' own kernels.
+    r = _run(**where)
+    assert r.verdict == "agree" and not r.errors and not r.unavailable, (r.verdict, r.errors, r.unavailable)
+    assert sorted(r.timings) == sorted(ALL)
+    assert [(x.path, x.verdict, x.blame) for x in r.leaves if x.verdict != "agree" or x.blame] == []
+    assert r.leaves_compared == len(r.leaves) and r.origin is None
+
+
 def test_the_injections_are_real_calls_of_the_frameworks_kernels(monkeypatch):
     # The torch backend must reach the patched functions: count the calls of one forward.
     calls = []
@@ -191,4 +201,3 @@ def test_the_injections_are_real_calls_of_the_frameworks_kernels(monkeypatch):
     ops.linear(torch.ones(2, 3), torch.ones(4, 3), torch.zeros(4))
     Dense(3, 4)(torch.ones(2, 3, dtype=torch.float32))
     assert len(calls) == 2
-    assert np.isfinite(TINY)

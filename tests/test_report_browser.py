@@ -139,7 +139,7 @@ def test_screenshot_shows_blamed_leaf(disagreement, tmp_path):
     t = disagreement
     row = t.table(0).locator("tbody tr", has_text="features.3.weight")
     assert row.is_visible()
-    assert "jax" in row.locator("td.blame").inner_text()
+    assert row.locator("td.blame").inner_text() == "jax"
     tree_row = t.page.locator("#case-0 .trow.leaf.v-disagree")
     assert tree_row.is_visible() and "blamed: jax" in tree_row.inner_text()
     # The first screen, before any scrolling, must already name the blamed leaf.
@@ -260,14 +260,17 @@ def test_report_of_a_real_run_with_a_broken_backend_shows_the_blamed_leaf(browse
     backends = ("tape", "torch")
     case = Case("conv-bn-dense", build, lambda rng: (rng.standard_normal((2, 2, 5, 5)),))
     result = run_case(case, RunOptions(backends=backends, referee="leaves"))
-    assert [x.path for x in result.leaves if x.verdict == "disagree"] == ["0.weight"]
+    assert [(x.path, x.blame) for x in result.leaves if x.verdict == "disagree"] == [("0.weight", ["tape"])]
     path = reports.write_html(RunResult(env={"command": "gradcheck run conv-bn-dense", "seed": 0}, cases=[result]),
                               tmp_path / "broken.html")
     page = Page(browser, path)
     page.assert_clean()
     row = page.table(0).locator("tbody tr", has_text="0.weight").first
     assert row.is_visible()
-    assert "tape" in row.inner_text()
+    assert row.locator("td.path").inner_text() == "0.weight"
+    assert row.locator("td.blame").inner_text() == "tape"  # the blame column, not a backend named anywhere
+    agreeing = page.table(0).locator("tbody tr", has_text="1.weight").first  # the control: nobody blamed
+    assert agreeing.is_visible() and agreeing.locator("td.blame").count() == 0
     shot = tmp_path / "broken.png"
     page.page.screenshot(path=str(shot), full_page=True)
     assert shot.stat().st_size > 10_000

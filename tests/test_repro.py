@@ -15,9 +15,8 @@ import pytest
 
 import gradcheck.layers as L
 from gradcheck import ops, repro
-from gradcheck.backends import torch_ops
 from gradcheck.case import Case
-from gradcheck.runner import RunOptions
+from gradcheck.runner import RunOptions, run_case
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("jax")
@@ -30,6 +29,8 @@ from test_localise import (  # noqa: E402  (after the importorskips: it needs to
     run_localised,
     torch_batch_norm_wrong_where,
 )
+
+from gradcheck.backends import torch_ops  # noqa: E402  (after the importorskips: it imports torch)
 
 # Runs each script given, in order, in this one fresh process; gradcheck is made unimportable first.
 BOOT = r"""
@@ -144,6 +145,45 @@ def test_a_framework_that_disagrees_with_the_reference_fails_its_script(origin_f
     assert code == 1 and "RESULT input.0 disagree" in text and "SUMMARY torch DISAGREES" in text, text
     rows = rows_of(text, "input.0")
     assert rows and all(v["torch now"] != v["reference"] for v in rows.values())
+
+
+def conv_bn_case():
+    """A target for `gradcheck run tests.test_repro:conv_bn_case`."""
+    return CONV_BN
+
+
+def test_run_case_writes_the_origins_reproducer_when_asked(monkeypatch, tmp_path):
+    torch_batch_norm_wrong_where(monkeypatch, 4, None)
+    res = run_case(CONV_BN, RunOptions(repro=str(tmp_path / "r")))
+    d = tmp_path / "r" / "conv_bn" / "1"
+    assert (res.origin.path, res.origin.blame) == ("1", ["torch"])
+    assert [n for n in res.notes if n.startswith("reproducer for")] == [f"reproducer for 1: {d}"]
+    meta = json.loads((d / "meta.json").read_text())
+    assert (meta["layer"], meta["kind"], meta["blame"], meta["op"]) == ("BatchNorm2d", "vjp", ["torch"], "batch_norm")
+    assert {"repro_torch.py", "repro_jax.py", "repro_tape.py", "layer.npz"} <= {p.name for p in d.iterdir()}
+    monkeypatch.undo()  # the control: a case that agrees writes nothing
+    clean = run_case(CONV_BN, RunOptions(repro=str(tmp_path / "clean")))
+    assert clean.verdict == "agree" and not (tmp_path / "clean").exists()
+    assert not any(n.startswith("reproducer for") for n in clean.notes)
+
+
+def test_the_command_line_writes_the_origins_reproducer(monkeypatch, tmp_path):
+    from gradcheck import cli
+
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parent.parent))  # `tests.test_repro` as a target
+    monkeypatch.chdir(tmp_path)
+    torch_batch_norm_wrong_where(monkeypatch, 4, None)
+    code = cli.main(["run", "tests.test_repro:conv_bn_case", "--repro", "out", "--no-html", "--quiet"])
+    assert code == 1
+    d = tmp_path / "out" / "conv_bn" / "1"
+    meta = json.loads((d / "meta.json").read_text())
+    assert (meta["layer"], meta["blame"]) == ("BatchNorm2d", ["torch"])
+    (out, _), = run_scripts([d / "repro_jax.py"], cwd=tmp_path).values()
+    assert out == 0  # the folder stands on its own: jax, which was right, agrees with the stored reference
+    monkeypatch.undo()
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["run", "tests.test_repro:conv_bn_case", "--repro", "clean", "--no-html", "--quiet"]) == 0
+    assert not any((tmp_path / "clean").iterdir())  # made up front (checked before the run), and left empty
 
 
 def test_without_a_replay_nothing_is_written(monkeypatch, tmp_path):

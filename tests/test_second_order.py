@@ -123,6 +123,57 @@ def test_a_wrong_second_derivative_is_caught_and_blamed_on_its_backend(monkeypat
     assert x.path in reports.render_summary(run_result(res)) and "FAIL" in reports.render_summary(run_result(res))
 
 
+def tanh_first_order_only(monkeypatch, backend):
+    """``backend``'s tanh: value and first derivative right, its derivative treating tanh(x) as a constant."""
+    if backend == "torch":
+        from gradcheck.backends import torch_ops
+
+        monkeypatch.setattr(torch_ops, "tanh", _TanhFirstOrderOnly.apply)
+    elif backend == "jax":
+        import jax
+        import jax.numpy as jnp
+
+        from gradcheck.backends import jax_ops
+
+        @jax.custom_jvp
+        def tanh(x):
+            return jnp.tanh(x)
+
+        @tanh.defjvp
+        def _(primals, tangents):
+            y = jnp.tanh(primals[0])
+            return y, tangents[0] * (1 - jax.lax.stop_gradient(y) ** 2)
+
+        monkeypatch.setattr(jax_ops, "tanh", tanh)
+    else:
+        from gradcheck import ops
+        from gradcheck.backends import tape_ops
+
+        right = tape_ops.tanh.vjps[0]
+        monkeypatch.setitem(tape_ops.tanh.vjps, 0, lambda g, ans, x: right(g, ops.stop_gradient(ans), x))
+
+
+ALL = ("tape", "torch", "jax")
+
+
+@pytest.mark.parametrize("backend", ALL)
+def test_a_wrong_second_derivative_on_each_backend_is_blamed_on_that_backend(monkeypatch, backend):
+    clean = run_case(TANH_MLP, RunOptions(order=2))  # the control
+    _agrees(clean, ALL, vacuous={"hvp:4.bias"})
+    tanh_first_order_only(monkeypatch, backend)
+    res = run_case(TANH_MLP, RunOptions(order=2))
+    assert [(x.path, x.verdict) for x in res.leaves if x.role != "hvp" and x.verdict != "agree"] == []
+    hv = {x.path: x for x in hvp_leaves(res)}
+    bad = {p: x for p, x in hv.items() if x.verdict == "disagree"}
+    # Every Hessian row through a tanh's second derivative: all but the head's (its rows hold tanh' only).
+    assert set(bad) == {"hvp:" + p for p in ("0.weight", "0.bias", "2.weight", "2.bias", "input")}, sorted(bad)
+    assert {p: x.blame for p, x in bad.items()} == {p: [backend] for p in bad}
+    for x in bad.values():  # each backend refereed by its own gradient: only the wrong one misses its own
+        assert {c.backend: c.agrees for c in x.referee} == {b: b != backend for b in ALL}, x.referee
+    assert {p: x.verdict for p, x in hv.items() if p not in bad} == {"hvp:4.weight": "agree", "hvp:4.bias": "vacuous"}
+    assert res.verdict == "disagree"
+
+
 def test_one_backend_alone_is_held_against_its_own_referee(monkeypatch):
     from gradcheck.backends import torch_ops
 
@@ -130,7 +181,7 @@ def test_one_backend_alone_is_held_against_its_own_referee(monkeypatch):
     res = run_case(TANH_MLP.with_(dtype="float64"), RunOptions(backends=("torch",), order=2))
     bad = [x for x in hvp_leaves(res) if x.verdict == "disagree"]
     assert bad and res.verdict == "disagree"
-    assert all(x.blame == [] and x.message.startswith("torch: the Hessian-vector product misses") for x in bad)
+    assert all(x.blame == ["torch"] and x.message.startswith("torch: the Hessian-vector product misses") for x in bad)
 
 
 def test_unavailability_is_read_from_each_framework_s_own_words():

@@ -7,17 +7,18 @@ import pytest
 
 pytest.importorskip("hypothesis")
 
+from draws import examples  # noqa: E402
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 import gradcheck  # noqa: E402
-from gradcheck import ops  # noqa: E402
 from gradcheck import strategies as gst  # noqa: E402
 from gradcheck.backends import tape_ops  # noqa: E402
 
 pytest_plugins = ["pytester"]
 
-FAST = settings(max_examples=40, deadline=None, derandomize=True, database=None)
+# Derandomized in CI by the test profile (tests/conftest.py); a developer widens it with another.
+FAST = settings(max_examples=examples(40), deadline=None)
 
 
 @pytest.mark.parametrize("shape", [(1,), (3, 4), (2, 3, 5, 5), (4, 16, 16)])
@@ -63,7 +64,7 @@ def test_conv_configs_are_valid_by_construction(config):
 
 
 def test_drawn_tape_gradients_agree_with_the_referee():
-    @settings(max_examples=15, deadline=None, derandomize=True, database=None)
+    @settings(max_examples=examples(15), deadline=None)
     @given(gst.layer_cases(kinds=("dense", "conv2d", "norm", "pool")))
     def check(drawn):
         gradcheck.assert_gradients_agree(drawn.model(), *drawn.inputs(), backends=("tape",), name="drawn")
@@ -99,8 +100,11 @@ def test_ci_profile_loads_from_the_command_line(pytester):
             assert settings.get_current_profile_name() == "gradcheck-ci"
             assert settings.default.derandomize
     ''')
-    pytester.runpytest("-p", "no:cacheprovider", "--hypothesis-profile", "gradcheck-ci").assert_outcomes(passed=1)
-    settings.load_profile("default")
+    previous = settings.get_current_profile_name()
+    try:  # the inner run is in this process: it loads the profile here too
+        pytester.runpytest("-p", "no:cacheprovider", "--hypothesis-profile", "gradcheck-ci").assert_outcomes(passed=1)
+    finally:
+        settings.load_profile(previous)
 
 
 def test_wrong_vjp_shrinks_to_the_smallest_dense_layer_and_prints_the_replay(pytester):
@@ -136,16 +140,15 @@ def test_wrong_vjp_shrinks_to_the_smallest_dense_layer_and_prints_the_replay(pyt
         "*x = make_array((1, 1), seed=0, kink_free=True, dtype='float32')",
         "*gradcheck.assert_gradients_agree(model, x, backends=('tape',))",
     ])
-    result.stdout.fnmatch_lines(["*GradientsDisagree: 1/4 leaves disagree: bias (tape vs referee)"])
+    result.stdout.fnmatch_lines(["*GradientsDisagree: 1/3 leaves disagree: bias (tape vs referee)"])
     assert tape_ops.add.vjps[1](np.ones(2), None, np.ones(2), np.ones(2)).tolist() == [1.0, 1.0]
-    assert ops  # the module under test stays importable
 
 
 def test_two_hundred_drawn_layers_agree_across_tape_and_torch():
     """The fuzz bar: 200 hypothesis-drawn configurations, no false alarm (jax: `gradcheck run fuzz`)."""
     pytest.importorskip("torch")
 
-    @settings(max_examples=200, deadline=None, derandomize=True, database=None)
+    @settings(max_examples=examples(200), deadline=None)
     @given(gst.layer_cases())
     def check(drawn):
         gradcheck.assert_gradients_agree(drawn.model(), *drawn.inputs(), backends=("tape", "torch"))

@@ -1,11 +1,18 @@
-"""Every suite's cases materialise and run forward on numpy, in their own dtype."""
+"""Every suite's cases materialise and run forward on numpy, in their own dtype; the smoke suite agrees end to end
+on every backend installed, and every layer case's tape gradients agree with the float64 referee.
+
+(`gradcheck run smoke layers models` itself, on all three backends, is CI's headline step: .ci/headline.py.)"""
 
 from __future__ import annotations
+
+import os
 
 import numpy as np
 import pytest
 
+from gradcheck.backends import get_backend
 from gradcheck.case import Case, materialise
+from gradcheck.runner import DEFAULT_BACKENDS, RunOptions, run_case
 from gradcheck.suites import SUITES, fuzz_cases
 from gradcheck.suites.inputs import kink_free
 from gradcheck.suites.layers import rows
@@ -124,3 +131,40 @@ def test_suite_functions_take_seed_and_dtype():
         assert cases and all(isinstance(c, Case) for c in cases), name
         assert all(c.seed == 5 and c.dtype == "float64" for c in cases), name
         assert (fn.__doc__ or "").strip(), f"suite {name} needs a one-line docstring (gradcheck list shows it)"
+
+
+# ---------------------------------------------------------------- run as the runner runs them, every leaf agrees
+INSTALLED = tuple(b for b in DEFAULT_BACKENDS if get_backend(b).available()[0])
+
+
+def _agrees(res, backends):
+    assert res.verdict == "agree", (res.verdict, res.errors, [(x.path, x.verdict, x.message) for x in res.leaves
+                                                             if x.verdict != "agree"])
+    assert sorted(res.timings) == sorted(backends) and not res.errors
+    assert [(x.path, x.verdict, x.blame) for x in res.leaves if x.verdict != "agree" or x.blame] == []
+    # Every leaf compared across backends; with one backend, every gradient against the referee (an output or
+    # a buffer has nothing to be held against then).
+    compared = len(res.leaves) if len(backends) > 1 else sum(1 for x in res.leaves if x.role in ("param", "input"))
+    assert res.leaves_compared == compared > 0
+
+
+SMOKE_CASES = SUITES["smoke"]()
+
+
+@pytest.mark.parametrize("case", SMOKE_CASES, ids=[c.name for c in SMOKE_CASES])
+def test_smoke_case_agrees_on_every_leaf_and_backend(case):
+    # Every backend installed (the numpy-only install: the tape and the referee alone); where CI requires a
+    # framework (GRADCHECK_REQUIRE, tests/conftest.py) it must be one of them, not quietly left out.
+    required = {n for n in os.environ.get("GRADCHECK_REQUIRE", "").split(",") if n in DEFAULT_BACKENDS}
+    assert required <= set(INSTALLED), f"required {sorted(required)}, installed {INSTALLED}"
+    _agrees(run_case(case, RunOptions(backends=INSTALLED)), INSTALLED)
+
+
+@pytest.mark.parametrize("case", LAYER_CASES, ids=[c.name for c in LAYER_CASES])
+def test_layer_case_tape_gradients_agree_with_the_float64_referee(case):
+    # numpy only, so the numpy-only install checks every layer's gradients too: each leaf refereed.
+    res = run_case(case.with_(dtype="float64"), RunOptions(backends=("tape",), referee="leaves"))
+    _agrees(res, ("tape",))
+    grads = [x for x in res.leaves if x.role in ("param", "input")]
+    assert grads and all([(c.backend, c.agrees, c.stable) for c in x.referee] == [("tape", True, True)]
+                         for x in grads), [(x.path, x.referee) for x in grads]

@@ -17,6 +17,20 @@ cannot be read off its code and closed-over values (a closed-over helper's
 own closure, a default argument, a global), so a new function object always
 compiles anew.
 
+One function object can still compute something else when what its trace
+reads is rebound: an op implementation replaced (``jax_ops.linear``
+monkeypatched with a wrong VJP), a jax function, a layer class's method.
+The per-layer replay (``gradcheck.localise``) runs one function for every
+layer, so a replay compiled before the change would be handed back after
+it, computing the old op.  The key therefore holds the state of the
+namespaces a trace reads (``_NamespaceStates``): the op dispatchers
+(``gradcheck.ops``), the jax implementations and what they call
+(``jax_ops``, ``kernels``, ``common``, ``jax.numpy``, ``jax.lax``,
+``jax.nn``, ``jax.scipy.special``) and every layer class of the arguments,
+each reduced to a token that changes whenever one of its attributes is
+rebound (a check by identity over the attributes, a few microseconds).
+Undoing the change gives the earlier token back, and its compiled entry.
+
 jax is imported only when this backend is used; float64 is switched on then.
 """
 
@@ -26,7 +40,9 @@ import collections
 import functools
 import hashlib
 import inspect
+import operator
 import types
+import weakref
 
 import numpy as np
 
@@ -262,18 +278,87 @@ class _Static:
 def _cache_key(f, args, prefixes, leaves, train, pin_spec=None):
     try:
         spec = tuple((leaf.path, leaf.kind, tuple(leaf.value.shape), str(leaf.value.dtype)) for leaf in leaves)
-        structure = tuple(_walked_signature(a, 0) for a in args)
-        key = (_function_key(f), tuple(prefixes), spec, tuple(leaf.path for leaf in train), structure, pin_spec)
+        classes: dict[type, None] = {}
+        structure = tuple(_walked_signature(a, 0, classes) for a in args)
+        key = (_function_key(f), tuple(prefixes), spec, tuple(leaf.path for leaf in train), structure, pin_spec,
+               _namespace_state(classes))
         hash(key)
     except (_Uncacheable, TypeError):
         return None
     return key
 
 
-def _walked_signature(x, depth):
-    """Signature of a part of the arguments that map_leaves walks: arrays there are leaves."""
+class _NamespaceStates:
+    """Each namespace's attributes (a module's, a class's) as a token: equal tokens, identical attributes.
+
+    A namespace's states are kept with their attribute values (so no id can
+    be reused while a state is known) and matched by identity, the most
+    recent first; a state not seen before gets a new token, one seen before
+    (a monkeypatch undone) its old one.  Tokens are never reused.  A
+    namespace is held weakly: a class made for one test goes with its states.
+    """
+
+    keep = 8  # states remembered per namespace (older ones only cost a recompilation)
+
+    def __init__(self):
+        self._states: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # namespace -> [(keys, values, token)]
+        self._next = 0
+
+    def token(self, namespace) -> int:
+        attrs = vars(namespace)
+        keys, values = list(attrs), list(attrs.values())
+        known = self._states.setdefault(namespace, [])
+        for i, (k, v, token) in enumerate(known):
+            if len(v) == len(values) and all(map(operator.is_, v, values)) and k == keys:
+                if i:
+                    known.insert(0, known.pop(i))
+                return token
+        self._next += 1
+        known.insert(0, (keys, values, self._next))
+        del known[self.keep:]
+        return self._next
+
+
+_STATES = _NamespaceStates()
+_OP_NAMESPACES: list = []
+
+
+def _op_namespaces() -> list:
+    """The modules a jax trace of gradcheck ops reads its functions from."""
+    if not _OP_NAMESPACES:
+        import jax.lax
+        import jax.nn
+        import jax.numpy
+        import jax.scipy.special
+
+        from gradcheck import kernels, ops
+        from gradcheck.backends import common, ops_module
+
+        _OP_NAMESPACES.extend([ops, ops_module("jax"), kernels, common, jax.numpy, jax.lax, jax.nn,
+                               jax.scipy.special])
+    return _OP_NAMESPACES
+
+
+def _namespace_state(classes) -> tuple:
+    """The tokens of the op namespaces and of the layer classes (with their bases) a trace reads."""
+    spaces = list(_op_namespaces())
+    seen = set()
+    for cls in classes:
+        for c in cls.__mro__:
+            if c is not object and c not in seen:
+                seen.add(c)
+                spaces.append(c)
+    return tuple(_STATES.token(ns) for ns in spaces)
+
+
+def _walked_signature(x, depth, classes):
+    """Signature of a part of the arguments that map_leaves walks: arrays there are leaves.
+
+    ``classes`` collects the layer classes met (their methods are what the trace runs).
+    """
     _deeper(depth)
     if isinstance(x, Module):
+        classes[type(x)] = None
         kinds = {name: kind for name, kind, _ in x.field_kinds()}
         items = []
         for name, value in sorted(vars(x).items()):
@@ -281,15 +366,15 @@ def _walked_signature(x, depth):
             if kind in (PARAM, BUFFER):
                 sig = None if value is None else "<leaf>"  # shape and dtype are in the leaf spec
             elif kind == CHILD:
-                sig = _walked_signature(value, depth + 1)
+                sig = _walked_signature(value, depth + 1, classes)
             else:
                 sig = _static_signature(value, depth + 1)
             items.append((name, sig))
         return (type(x), tuple(items))
     if isinstance(x, (list, tuple)):
-        return (type(x), tuple(_walked_signature(v, depth + 1) for v in x))
+        return (type(x), tuple(_walked_signature(v, depth + 1, classes) for v in x))
     if isinstance(x, dict):
-        return (dict, tuple((k, _walked_signature(v, depth + 1)) for k, v in x.items()))
+        return (dict, tuple((k, _walked_signature(v, depth + 1, classes)) for k, v in x.items()))
     if _is_array(x):
         return "<leaf>"
     return _static_signature(x, depth + 1)
