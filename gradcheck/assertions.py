@@ -35,6 +35,10 @@ class GradientsDisagree(AssertionError):
         self.result = result
 
 
+class PartialCheck(UserWarning):
+    """A check passed on fewer backends than asked for (some unavailable); ``unavailable="fail"`` fails it."""
+
+
 @dataclass
 class CheckContext:
     """What the pytest plugin provides to the checks made inside one test."""
@@ -83,8 +87,8 @@ def reset_context(token) -> None:
 
 # ---------------------------------------------------------------- the check
 def check_gradients(model, *inputs, forward=None, loss=None, backends=None, rtol=None, atol=None, dtype=None,
-                    seed=None, mode=None, referee=None, imprecise=None, name=None, order=None, steps=None,
-                    optimizer=None, lr=None):
+                    seed=None, mode=None, referee=None, imprecise=None, unavailable=None, name=None, order=None,
+                    steps=None, optimizer=None, lr=None):
     """Cross-check the gradients of ``model`` at ``inputs``; returns the CaseResult without raising.
 
     See :func:`assert_gradients_agree` for the arguments.  Raises
@@ -110,8 +114,8 @@ def check_gradients(model, *inputs, forward=None, loss=None, backends=None, rtol
         raise TypeError("assert_gradients_agree: no inputs; call it as assert_gradients_agree(model, x, ...)")
     ctx = current_context()
     call = from_values(dict(backends=backends, rtol=rtol, atol=atol, dtype=dtype, seed=seed, mode=mode,
-                            referee=referee, imprecise=imprecise, order=order, steps=steps, optimizer=optimizer,
-                            lr=lr), "assert_gradients_agree",
+                            referee=referee, imprecise=imprecise, unavailable=unavailable, order=order, steps=steps,
+                            optimizer=optimizer, lr=lr), "assert_gradients_agree",
                        rule_name="assert_gradients_agree arguments")
     settings = call.over(ctx.settings) if ctx else call
     _require_comparison(settings)
@@ -172,8 +176,8 @@ def _options(settings: Settings, ctx: CheckContext | None):
 
 
 def assert_gradients_agree(model, *inputs, forward=None, loss=None, backends=None, rtol=None, atol=None,
-                           dtype=None, seed=None, mode=None, referee=None, imprecise=None, name=None, order=None,
-                           steps=None, optimizer=None, lr=None):
+                           dtype=None, seed=None, mode=None, referee=None, imprecise=None, unavailable=None, name=None,
+                           order=None, steps=None, optimizer=None, lr=None):
     """Assert that every backend computes the same gradients of ``model`` at ``inputs``.
 
     * ``model``: a built gradcheck ``Module``; ``inputs``: numpy arrays (or
@@ -198,6 +202,12 @@ def assert_gradients_agree(model, *inputs, forward=None, loss=None, backends=Non
     * ``referee``: ``auto`` (default), ``leaves``, ``joint``, ``off``.
     * ``imprecise``: ``warn`` (default) or ``fail``: whether a float32
       result too far from float64 fails the check.
+    * ``unavailable``: ``warn`` (default) or ``fail``: whether a backend
+      asked for but unavailable (not installed, or unable to run this
+      model: an op without a lowering) fails the check.  Under ``warn`` a
+      passing check that ran on fewer backends than asked issues a
+      :class:`PartialCheck` warning saying which ("checked on torch and the
+      referee alone: tape, jax unavailable").
     * ``name``: the case name in reports (default: the test id in pytest).
     * ``order``: 2 checks Hessian-vector products per leaf too (``gradcheck.second_order``).
     * ``steps``, ``optimizer`` (``sgd``/``adam``), ``lr``: train each backend's copy for ``steps``
@@ -210,10 +220,14 @@ def assert_gradients_agree(model, *inputs, forward=None, loss=None, backends=Non
     """
     __tracebackhide__ = True
     result = check_gradients(model, *inputs, forward=forward, loss=loss, backends=backends, rtol=rtol, atol=atol,
-                             dtype=dtype, seed=seed, mode=mode, referee=referee, imprecise=imprecise, name=name,
-                             order=order, steps=steps, optimizer=optimizer, lr=lr)
+                             dtype=dtype, seed=seed, mode=mode, referee=referee, imprecise=imprecise,
+                             unavailable=unavailable, name=name, order=order, steps=steps, optimizer=optimizer, lr=lr)
     if result.failed:
         raise GradientsDisagree(format_failure(result), result)
+    if result.partial:  # a pass, but not the cross-check that was asked for: say so where a test run shows it
+        import warnings
+
+        warnings.warn(PartialCheck(partial_warning(result)), stacklevel=2)
     return result
 
 
@@ -238,3 +252,4 @@ def _to_numpy(x):
 # The sentences live with the reports (gradcheck/reports/text.py), so a test failure and a CLI report say the
 # same thing; these names stay importable from here.
 from gradcheck.reports.text import _fmt, _headroom, _table, _who, failing_leaves, format_failure, summary_line  # noqa: E402, F401, I001
+from gradcheck.reports.text import partial_warning  # noqa: E402

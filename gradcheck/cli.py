@@ -43,8 +43,8 @@ def build_parser() -> argparse.ArgumentParser:
                          "returning a Case or a list of Cases (the current folder is importable).")
     run.add_argument("targets", nargs="+", metavar="TARGET")
     # Values are checked by gradcheck.settings, which says the same about them as the config file does.
-    for name in ("backends", "dtype", "seed", "mode", "referee", "imprecise", "rtol", "atol", "output", "order",
-                 "steps", "optimizer", "lr"):
+    for name in ("backends", "dtype", "seed", "mode", "referee", "imprecise", "unavailable", "rtol", "atol", "output",
+                 "order", "steps", "optimizer", "lr"):
         key = KEYS[name]
         run.add_argument(f"--{name}", metavar=key.metavar, help=key.help
                          + (f" {{{','.join(key.choices)}}}" if key.choices else ""))
@@ -123,7 +123,7 @@ def cmd_run(args) -> int:
     from gradcheck import settings as S
 
     settings = run_settings(args)
-    S.require_comparison(settings.backends_or_default(), settings.referee_or_default(), cli=True)
+    # The flags' own values first: a usage error names the flag, whatever backends this machine has.
     request = targets.Request(dtype=settings.dtype, seed=settings.seed, batch=S.parse_batch(args.batch),
                               input_shape=S.parse_input_shape(args.input_shape), mode=settings.mode)
     shard = S.parse_shard(args.shard)
@@ -138,6 +138,7 @@ def cmd_run(args) -> int:
         print(f"gradcheck: shard {args.shard} has no case ({len(chosen)} case(s) over {shard[1]} shards); "
               "nothing to run", file=sys.stderr)
         return EXIT_OK
+    S.require_comparison(settings.backends_or_default(), settings.referee_or_default(), cli=True)
 
     paths, results_path = _output_paths(args, settings.output)
     if args.repro is not None:

@@ -147,8 +147,12 @@ class _State:
         tr = terminalreporter
         cases = [p["case"] for p in self.payloads]
         failed = [c for c in cases if c.get("verdict") in FAILING]
+        # A check a backend was unavailable to is not the cross-check asked for, passing or not.
+        partial = [c for c in cases if c.get("unavailable")]
         tr.write_sep("-", "gradcheck")
-        tr.write_line(f"{len(cases)} gradient check(s), {len(failed)} failed")
+        tr.write_line(f"{len(cases)} gradient check(s), {len(failed)} failed"
+                      + (f", {len(partial)} partial (checked on fewer backends than asked)" if partial else ""),
+                      yellow=bool(partial) and not failed)
         missing: dict[str, tuple[str, int]] = {}
         for c in cases:
             for b, why in (c.get("unavailable") or {}).items():

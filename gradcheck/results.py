@@ -18,9 +18,11 @@ SCHEMA = "gradcheck.results/2"
 # Verdicts, worst first: a case takes the worst verdict among its leaves.
 # "imprecise" (float32 too far from float64, see Float32Result) decides a case only under
 # RunOptions.imprecise == "fail"; by default it is a warning beside an agreeing verdict.
-VERDICTS = ("error", "structural", "nonfinite", "nondeterministic", "disagree", "imprecise", "vacuous", "skipped",
-            "agree")
-FAILING = ("error", "structural", "nonfinite", "nondeterministic", "disagree", "imprecise", "vacuous")
+# "partial" is a case's alone (never a leaf's): a backend asked for was unavailable, so the case was checked
+# on fewer backends than the cross-check it asked for; it decides only under RunOptions.unavailable == "fail".
+VERDICTS = ("error", "structural", "nonfinite", "nondeterministic", "disagree", "imprecise", "partial", "vacuous",
+            "skipped", "agree")
+FAILING = ("error", "structural", "nonfinite", "nondeterministic", "disagree", "imprecise", "partial", "vacuous")
 # A leaf fails on these; a vacuous leaf checks nothing but is no failure of its own (a case fails as
 # vacuous only when every gradient leaf is).  Every renderer and assert_gradients_agree use this rule.
 FAILING_LEAF = ("error", "structural", "nonfinite", "nondeterministic", "disagree", "imprecise")
@@ -174,6 +176,19 @@ class LeafResult:
         return max((p.headroom for p in self.pairs), default=0.0)
 
     @property
+    def compared(self) -> bool:
+        """Held against something: another backend, or a referee check that did not abstain.
+
+        A leaf that one backend alone gave and nothing checked (the forward
+        output when only torch ran) stays ``agree`` but compared nothing, so it
+        is not counted as agreeing either; a verdict the comparison reached
+        without pairs (structural, nonfinite) counts, since it is a finding.
+        """
+        if self.verdict == "skipped":
+            return False
+        return bool(self.pairs) or any(c.stable for c in self.referee) or self.verdict != "agree"
+
+    @property
     def failing(self) -> bool:
         # A verdict this version does not know (a newer writer's) fails: nothing unknown passes.
         return self.verdict not in PASSING_LEAF
@@ -251,10 +266,36 @@ class CaseResult:
     origin: Origin | None = None  # where the disagreement starts, when a per-layer replay ran
     second_order: SecondOrder | None = None  # how second order was checked (--order 2); its leaves are role "hvp"
     trajectory: Trajectory | None = None  # training-step trajectories (--steps N)
+    # Whether a backend in ``unavailable`` fails the case ("fail": verdict "partial") or is reported beside a
+    # passing verdict ("warn").
+    unavailable_policy: str = "warn"
 
     @property
     def failed(self) -> bool:
         return self.verdict not in PASSING
+
+    @property
+    def partial(self) -> bool:
+        """Checked on fewer backends than asked for: one or more was unavailable (not installed, or unable to
+        run this case); never to be read as the cross-check that was asked for."""
+        return bool(self.unavailable)
+
+    @property
+    def checked_on(self) -> list[str]:
+        """The backends asked for that were available (in the order asked); an errored one stays (its error
+        is the case's failure)."""
+        return [b for b in self.backends if b not in self.unavailable]
+
+    @property
+    def compared(self) -> int:
+        """Leaves held against something (``LeafResult.compared``), derived from the leaves themselves so that
+        it and :attr:`agreeing` count the same leaves, in old files too."""
+        return sum(1 for leaf in self.leaves if leaf.compared)
+
+    @property
+    def agreeing(self) -> int:
+        """Compared leaves that agree: never more than :attr:`compared`."""
+        return sum(1 for leaf in self.leaves if leaf.compared and leaf.verdict == "agree")
 
     def failing_leaves(self) -> list[LeafResult]:
         return [leaf for leaf in self.leaves if leaf.failing]

@@ -68,6 +68,9 @@ class RunOptions:
     # steady-state time (its first includes compiling).
     repeat: bool = True
     imprecise: str = "warn"  # whether a float32 result too far from float64 fails the case ("fail") or warns
+    # whether a backend asked for but unavailable (not installed, or unable to run the case) fails the case
+    # ("fail": verdict "partial") or is said beside its verdict ("warn"): a partial check is not the cross-check
+    unavailable: str = "warn"
     replay: Callable[[Case], str] | None = None  # command line that re-runs one case
     per_layer: bool = False  # replay every layer alone even when the model agrees (gradcheck.localise)
     repro: str | None = None  # a folder: write a standalone reproducer of each disagreement's origin layer
@@ -79,6 +82,9 @@ class RunOptions:
     def __post_init__(self):
         if self.imprecise not in verdict.IMPRECISE_POLICIES:
             raise ValueError(f"imprecise={self.imprecise!r}; expected one of {', '.join(verdict.IMPRECISE_POLICIES)}")
+        if self.unavailable not in verdict.UNAVAILABLE_POLICIES:
+            raise ValueError(f"unavailable={self.unavailable!r}; expected one of "
+                             f"{', '.join(verdict.UNAVAILABLE_POLICIES)}")
         trajectory.check_options(self.order, self.steps, self.optimizer, self.lr)
 
 
@@ -159,7 +165,7 @@ class CaseRun:
     def loss64(self, replaced: dict) -> tuple[float, int]:
         """The float64 loss with some leaves replaced, and how many kink decisions differ from the reference's."""
         args = [replace_leaves(a, replaced, p) for a, p in zip(self.args64, self.prefixes)]
-        with kinks.recording(stats=False) as rec:
+        with kinks.recording(stats=False, hold=self.kinks) as rec:
             loss = float(self.loss_fn(self.cotangents64)(*args)[0])
         return loss, kinks.differing(self.kinks, rec)
 
@@ -178,7 +184,7 @@ def run_case(case: Case, options: RunOptions | None = None) -> CaseResult:
     options = options or RunOptions()
     res = CaseResult(name=case.name, model=case.model or case.name, dtype=case.dtype, mode=case.mode,
                      seed=case.seed, backends=list(options.backends), notes=list(case.notes),
-                     imprecise=options.imprecise)
+                     imprecise=options.imprecise, unavailable_policy=options.unavailable)
     if options.replay is not None:
         res.replay = options.replay(case)
     try:
@@ -197,9 +203,10 @@ def run_case(case: Case, options: RunOptions | None = None) -> CaseResult:
                               + short_error(exc))
         res.verdict = "error"
         return res
-    res.verdict = verdict.case_verdict(res.leaves, res.errors)
+    res.verdict = verdict.case_verdict(res.leaves, res.errors, res.unavailable, options.unavailable)
     if res.leaves_compared == 0 and not res.errors:
-        res.errors["case"] = _nothing_compared([b for b in options.backends if b in res.timings], options.referee)
+        res.errors["case"] = _nothing_compared([b for b in options.backends if b in res.timings], options.referee,
+                                               res)
         res.verdict = "error"
     res.first_disagreement = first_in_backward_order(res.leaves)
     if runs:  # where a disagreement starts: each layer replayed alone (only when needed, unless per_layer)
@@ -214,13 +221,18 @@ def run_case(case: Case, options: RunOptions | None = None) -> CaseResult:
     return res
 
 
-def _nothing_compared(ran: list[str], referee: str) -> str:
+def _nothing_compared(ran: list[str], referee: str, res: CaseResult | None = None) -> str:
     if not ran:
         why = "no backend ran"
     elif len(ran) > 1:
         why = "the model has no trainable leaf and no output"
+    elif referee != "off" and res is not None and any(leaf.role in ("param", "input") for leaf in res.leaves):
+        # One backend has nothing but the referee to be held against, and the referee abstained wherever it looked.
+        why = (f"only {ran[0]} ran, and the referee resolved none of its gradients: its finite difference was "
+               "unstable (or crossed a kink it could not avoid) at every check it made, so it abstained (the "
+               "notes say where); add a second backend")
     elif referee != "off":
-        why = "the model has no trainable leaf and only one backend ran"
+        why = f"the model has no trainable leaf and only {ran[0]} ran"
     else:
         why = (f"only {ran[0]} ran and the referee is off; a check needs two backends, or one backend and the "
                "referee (install torch or jax, or leave --referee on)")
@@ -363,10 +375,11 @@ def _compare(cr: CaseRun, runs: dict[str, BackendRun], options: RunOptions, res:
             tol = rules.resolve(leaf.path, "float32" if measured else "float64", leaf.layer)
             verdict.nondeterminism(leaf, tol.imprecise_floor if measured else tol.rtol)
             verdict.apply_policy(leaf, options.imprecise)
-    # Compared means held against something: another backend, or the referee.  One backend alone with the
-    # referee off compares nothing, and nothing compared is never a pass.
-    res.leaves_compared = sum(1 for leaf in res.leaves if leaf.verdict != "skipped" and (leaf.pairs or leaf.referee
-                                                                                       or leaf.verdict != "agree"))
+    # Compared means held against something: another backend, or a referee check that did not abstain
+    # (LeafResult.compared, the rule every report counts by).  One backend alone with the referee off compares
+    # nothing, and nothing compared is never a pass; its forward output, which the referee does not check, is
+    # compared against nothing and counted neither as compared nor as agreeing.
+    res.leaves_compared = sum(1 for leaf in res.leaves if leaf.compared)
     if measured:
         res.float32 = verdict.worst_float32(leaf.float32 for leaf in res.leaves)
         res.kinks = cr.kinks.reports({b: r.crossed for b, r in runs.items()})
@@ -453,8 +466,18 @@ def _referee(cr: CaseRun, runs, judged: list[LeafResult], options: RunOptions, r
     return out
 
 
+JOINT = "(all leaves, joint direction)"  # the path of the joint direction's own leaf (role "referee")
+
+
 def _joint_referee(cr, point, dirs, grads, rtol, res: CaseResult) -> None:
-    """Every trainable leaf at once along one direction: four passes for the whole model."""
+    """Every trainable leaf at once along one direction: four passes for the whole model.
+
+    Its word becomes a leaf of its own (path ``JOINT``, role ``referee``),
+    decided like any leaf (``verdict.decide``, without pairs), when it says
+    something the pairs cannot: it misses a backend, or it is all the
+    gradients were held against (one backend ran).  Otherwise the pairs
+    compared every leaf, and a note records that the joint direction agrees.
+    """
     checks, passes = ref.check(cr.loss64, point, dirs, grads, rtol, cr.loss_abs)
     res.referee_passes += passes
     if not checks:
@@ -467,15 +490,13 @@ def _joint_referee(cr, point, dirs, grads, rtol, res: CaseResult) -> None:
         res.notes.append(f"{where}: abstained, the finite difference is unstable at this point ({summary})")
         return
     res.notes.append(f"{where}: {summary}")
-    wrong = [c.backend for c in checks if not c.agrees]
-    if wrong and len(wrong) < len(checks):
-        res.leaves.append(LeafResult(
-            path="(all leaves, joint direction)", role="referee", dtype="float64", verdict="disagree", blame=wrong,
-            referee=checks,
-            message=f"{', '.join(wrong)}: the whole gradient along one random direction misses the float64 "
-                    f"finite difference {checks[0].numeric:.10g} (resolution {checks[0].resolution:.2g}), "
-                    f"which {', '.join(c.backend for c in checks if c.agrees)} agree with",
-        ))
+    names = sorted((c.backend for c in checks), key=order)
+    leaf = verdict.decide(LeafResult(path=JOINT, role="referee", dtype="float64"), names, checks)
+    if leaf.verdict == "agree" and len(names) > 1:
+        return
+    if leaf.message:
+        leaf.message += f"; checked as the whole gradient along one random direction over all {len(dirs)} leaves"
+    res.leaves.append(leaf)
 
 
 # ---------------------------------------------------------------- whole runs

@@ -30,7 +30,7 @@ import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 
-from gradcheck.verdict import IMPRECISE_POLICIES
+from gradcheck.verdict import IMPRECISE_POLICIES, UNAVAILABLE_POLICIES
 
 # gradcheck.trajectory.OPTIMIZERS and .ORDERS (that module imports numpy; this one stays light)
 OPTIMIZERS = ("sgd", "adam")
@@ -82,6 +82,10 @@ KEYS: dict[str, Key] = {k.name: k for k in (
     Key("imprecise", "choice", "WHAT",
         "a float32 result too far from float64: warn (default) or fail the case", IMPRECISE_POLICIES,
         example="fail"),
+    Key("unavailable", "choice", "WHAT",
+        "a backend asked for but unavailable (not installed, or unable to run the case), so the case is checked "
+        "on fewer backends than asked: warn (default: every report says so beside the verdict) or fail the case",
+        UNAVAILABLE_POLICIES, example="fail"),
     Key("order", "order", "N",
         "1 (default): gradients; 2: Hessian-vector products per leaf too, compared across backends like "
         "gradients and refereed by central differences of each backend's own gradient", example=2),
@@ -141,6 +145,7 @@ class Settings:
     referee: str | None = None
     mode: str | None = None
     imprecise: str | None = None
+    unavailable: str | None = None
     order: int | None = None
     steps: int | None = None
     optimizer: str | None = None
@@ -182,8 +187,8 @@ class Settings:
         """The runner's options; what no layer set keeps ``RunOptions``' own default."""
         from gradcheck.runner import RunOptions
 
-        given = {k: getattr(self, k) for k in ("referee", "referee_budget_s", "imprecise", "order", "steps",
-                                               "optimizer", "lr")
+        given = {k: getattr(self, k) for k in ("referee", "referee_budget_s", "imprecise", "unavailable", "order",
+                                               "steps", "optimizer", "lr")
                  if getattr(self, k) is not None}
         return RunOptions(backends=self.backends_or_default(), rules=self.rules(), repeat=repeat, replay=replay,
                           **given)

@@ -10,9 +10,12 @@ tightly and (by default) elementwise (``gradcheck.compare``, defaults in
 (``decide``): the float64 referee's word where it separates the backends
 (some within its resolution, some outside it), else a clear majority (every
 other backend agreeing among themselves and none with the odd one); when
-neither decides, nobody is blamed and the message says so.  Blame never
-contradicts the referee record shown beside it: the referee's own numbers are
-what the message quotes.
+neither decides, nobody is blamed and the message says so.  With one
+backend (the others unavailable, or one asked for alone) there is no pair and
+no majority: the stable referee alone decides, and the message says that only
+that backend and the referee were compared.  Blame never contradicts the
+referee record shown beside it: the referee's own numbers are what the
+message quotes.
 
 **float32 is measured** (``float32_part``).  A backend's float32 result is
 held against its own float64 one: ``e_b = ||x32 - x64|| / ||x64||``.  A wrong
@@ -43,39 +46,59 @@ from gradcheck.results import (
     worst_verdict,
 )
 
-IMPRECISE_POLICIES = ("warn", "fail")
+POLICIES = ("warn", "fail")
+# Whether a float32 result too far from float64 fails the case, and whether a backend that was asked for
+# but unavailable does (``RunOptions.imprecise``, ``RunOptions.unavailable``).
+IMPRECISE_POLICIES = UNAVAILABLE_POLICIES = POLICIES
 
 
 # ---------------------------------------------------------------- float64: blame from evidence
 def decide(leaf: LeafResult, names: list[str], referee: list[RefereeCheck] | None = None) -> LeafResult:
-    """Set ``leaf``'s verdict, blame and message from its float64 pairs and the referee's checks."""
+    """Set ``leaf``'s verdict, blame and message from its float64 pairs and the referee's checks.
+
+    ``names`` are the backends whose float64 results the leaf holds.  With
+    one of them there are no pairs, and the stable referee's word alone
+    decides.  A leaf with no pairs but several backends (the referee's joint
+    direction, ``runner._joint_referee``) is decided by the referee's split.
+    """
     if referee is not None:
         leaf.referee = list(referee)
     if leaf.verdict not in ("agree", "disagree"):  # structural, nonfinite, vacuous: decided by the comparison
         return leaf
     disagreeing = [p for p in leaf.pairs if p.verdict == "disagree"]
     stable = [r for r in leaf.referee if r.stable]
-    missed = [r.backend for r in stable if not r.agrees]
-    held = [r.backend for r in stable if r.agrees]
+    missed = sorted((r.backend for r in stable if not r.agrees), key=order)
+    held = sorted((r.backend for r in stable if r.agrees), key=order)
     if not disagreeing and not missed:
         leaf.verdict, leaf.blame, leaf.message = "agree", [], ""
         return leaf
     leaf.verdict = "disagree"
     worst = max(leaf.pairs, key=lambda p: p.headroom, default=None)
     detail = f" — {worst.message}" if worst is not None and worst.verdict == "disagree" else ""
-    if not disagreeing:
-        # Every backend agrees with every other, and the referee misses some of them (all, or those at the edge
-        # of its resolution): evidence against a shared rule, not against one backend.
+    if len(names) == 1:
+        # No second backend to hold it against: the referee resolved it outside its resolution, which is the
+        # evidence, and the message says how little was compared.
+        leaf.blame = list(missed)
+        leaf.message = (f"{names[0]}: the float64 finite difference differs from its gradient "
+                        f"({_referee_numbers(stable)}); only {names[0]} and the referee were compared")
+        return leaf
+    if not disagreeing and (leaf.pairs or not held):
+        # The backends agree with each other (or, without pairs, the referee misses every one of them) and the
+        # referee misses some or all of them (those at the edge of its resolution): evidence against a rule they
+        # share, or of a function not smooth within the referee's step, not against one backend.
         leaf.blame = []
-        which = "all of them" if not held else _and(sorted(missed, key=order))
-        leaf.message = (f"{_and(names)} agree with each other, but the float64 finite difference differs from "
-                        f"{which} ({_referee_numbers(stable)}): either every backend shares one wrong rule or the "
+        if leaf.pairs:
+            which = _every(names) if not held else _and(missed)
+            head = f"{_and(names)} agree with each other, but the float64 finite difference differs from {which}"
+        else:
+            head = f"the float64 finite difference differs from {_every(names, named=True)}"
+        leaf.message = (f"{head} ({_referee_numbers(stable)}): either every backend shares one wrong rule or the "
                         "function is not smooth within the referee's step here")
         return leaf
     odd = _odd_one_out(names, leaf.pairs)
     if missed and held:
-        leaf.blame = sorted(missed, key=order)
-        leaf.message = (f"{', '.join(leaf.blame)}: the float64 referee and {_and(sorted(held, key=order))} agree "
+        leaf.blame = missed
+        leaf.message = (f"{', '.join(leaf.blame)}: the float64 referee and {_and(held)} agree "
                         f"({_referee_numbers(stable)}){detail}")
     elif odd:
         leaf.blame = odd
@@ -86,8 +109,22 @@ def decide(leaf: LeafResult, names: list[str], referee: list[RefereeCheck] | Non
     else:
         leaf.blame = []
         why = _referee_abstains(leaf.referee, stable, missed, names)
-        leaf.message = f"{_and(names)} disagree in float64 and neither a majority nor the referee decides ({why}){detail}"
+        # Two backends have no majority: only the referee could decide between them.
+        decides = "neither a majority nor the referee decides" if len(names) > 2 else \
+            "the referee does not decide between them"
+        leaf.message = f"{_and(names)} disagree in float64 and {decides} ({why}){detail}"
     return leaf
+
+
+def _each(names) -> str:
+    return "both backends" if len(names) == 2 else "every backend"
+
+
+def _every(names, named: bool = False) -> str:
+    """"both of them" / "all of them", or with ``named`` "both tape and torch" / "all of tape, torch and jax"."""
+    if len(names) == 2:
+        return f"both {names[0]} and {names[1]}" if named else "both of them"
+    return f"all of {_and(names)}" if named else "all of them"
 
 
 def _referee_numbers(checks: list[RefereeCheck]) -> str:
@@ -104,8 +141,8 @@ def _referee_abstains(all_checks, stable, missed, names) -> str:
     if not stable:
         return "the referee abstained: its finite difference was unstable here"
     if not missed:
-        return f"the referee's resolution, {stable[0].resolution:.2g} on {stable[0].numeric:.6g}, covers every backend"
-    return f"the referee finds every backend off ({_referee_numbers(stable)})"
+        return f"the referee's resolution, {stable[0].resolution:.2g} on {stable[0].numeric:.6g}, covers {_each(names)}"
+    return f"the referee finds {_each(names)} off ({_referee_numbers(stable)})"
 
 
 def _odd_one_out(names, pairs) -> list[str]:
@@ -240,11 +277,18 @@ def apply_policy(leaf: LeafResult, policy: str) -> None:
         leaf.verdict, leaf.blame, leaf.message = "imprecise", list(part.imprecise), f"float32: {part.message}"
 
 
-def case_verdict(leaves: list[LeafResult], errors: dict) -> str:
-    """The worst leaf verdict; a vacuous leaf only decides when every gradient leaf is vacuous."""
+def case_verdict(leaves: list[LeafResult], errors: dict, unavailable: dict | None = None,
+                 policy: str = "warn") -> str:
+    """The worst leaf verdict; a vacuous leaf only decides when every gradient leaf is vacuous.
+
+    A backend asked for but ``unavailable`` makes the case ``partial`` under
+    ``policy="fail"``; under "warn" every report says it beside the verdict.
+    """
     verdicts = [leaf.verdict for leaf in leaves if leaf.verdict != "vacuous"]
     if errors:
         verdicts.append("error")
+    if unavailable and policy == "fail":
+        verdicts.append("partial")
     grads = [leaf for leaf in leaves if leaf.role in ("param", "input")]
     if grads and all(leaf.verdict == "vacuous" for leaf in grads):
         verdicts.append("vacuous")

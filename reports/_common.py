@@ -35,6 +35,7 @@ SYMBOL = {
     "nonfinite": "∞",
     "error": "!",
     "imprecise": "≈",
+    "partial": "◐",
     "vacuous": "∅",
     "skipped": "–",
 }
@@ -206,8 +207,14 @@ def case_headroom(case: CaseResult) -> float | None:
 
 
 def compared(case: CaseResult) -> int:
-    """Leaves compared; older or partial results may leave ``leaves_compared`` at 0."""
-    return case.leaves_compared or sum(1 for leaf in case.leaves if leaf.verdict != "skipped")
+    """Leaves held against something (``LeafResult.compared``), counted from the leaves, as :func:`agreeing` is:
+    a count of agreeing leaves can never exceed it (an output that one backend alone gave agrees with nothing)."""
+    return case.compared
+
+
+def agreeing(case: CaseResult) -> int:
+    """Compared leaves that agree (``CaseResult.agreeing``)."""
+    return case.agreeing
 
 
 def backends_of(run: RunResult) -> list[str]:
@@ -285,7 +292,7 @@ class RunCounts:
             cases=len(run.cases),
             failed_cases=sum(1 for c in run.cases if c.failed),
             compared=sum(compared(c) for c in run.cases),
-            agreeing=by_verdict.get("agree", 0),
+            agreeing=sum(agreeing(c) for c in run.cases),
             failing_leaves=failing,
             vacuous=vacuous,
             imprecise=imprecise,

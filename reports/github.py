@@ -2,8 +2,10 @@
 
 ``::error`` per failing leaf or backend error (the exception first, where it
 was raised after), an interrupted run, an empty one; ``::warning`` once per
-case with float32-imprecise leaves (under ``imprecise="warn"``) and once per
-unavailable backend, however many cases noted it.  GitHub shows at most 10
+case with float32-imprecise leaves (under ``imprecise="warn"``), once per kind
+of partial check ("7 of 24 cases checked on torch and the referee alone: tape,
+jax unavailable"; under ``unavailable="fail"`` each such case is an ``::error``)
+and once per unavailable backend, however many cases noted it.  GitHub shows at most 10
 error and 10 warning annotations per step, so each list is capped: the last
 error slot says how many more there are instead of silently dropping them.
 """
@@ -19,6 +21,7 @@ from .text import (
     error_line,
     imprecise_sentence,
     leaf_sentence,
+    partial_runs,
     run_sentence,
     unavailable_notices,
     unavailable_sentence,
@@ -59,6 +62,8 @@ def github_annotations(run: RunResult, limit: int = 10) -> list[str]:
             first = imprecise_sentence(flagged[0])
             more = f" (and {len(flagged) - 1} more leaves)" if len(flagged) > 1 else ""
             warnings.append(_command("warning", f"gradcheck {case.name}: float32 imprecise", first + more))
+    for line in partial_runs(run):  # a check on fewer backends than asked, passing or not
+        warnings.append(_command("warning", "gradcheck: partial check", line))
     for backend, why, n in unavailable_notices(run):
         warnings.append(_command("warning", f"gradcheck: {backend} unavailable", unavailable_sentence(backend, why, n)))
     if len(errors) > limit:

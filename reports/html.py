@@ -32,6 +32,7 @@ from ._common import (
     SYMBOL,
     LeafNumbers,
     RunCounts,
+    agreeing,
     backends_of,
     blame_text,
     case_headroom,
@@ -54,6 +55,7 @@ from .svg import float32_svg, loss_svg, timings_svg
 from .text import (
     HEADLINE,
     case_failure,
+    coverage_label,
     error_parts,
     float32_worst_text,
     imprecise_sentence,
@@ -61,6 +63,7 @@ from .text import (
     kink_sentence,
     loss_sentence,
     origin_sentence,
+    partial_sentence,
     pinning_sentence,
     run_sentence,
     second_order_sentence,
@@ -248,6 +251,9 @@ def _header(run: RunResult, anchors: dict[int, str]) -> str:
              _stat(n.failed_cases, "failing cases", n.failed_cases > 0),
              _stat(n.compared, "leaves compared"), _stat(n.agreeing, "leaves agree"),
              _stat(n.failing_leaves, "leaves failing", n.failing_leaves > 0)]
+    partial = sum(1 for c in run.cases if c.partial)
+    if partial:
+        stats.append(_stat(partial, "partial cases (fewer backends than asked)", warn=True))
     if n.vacuous:
         stats.append(_stat(n.vacuous, "vacuous leaves (not failures)", warn=True))
     if any(c.float32 for c in run.cases):
@@ -289,7 +295,7 @@ def _overview(run: RunResult) -> str:
         f32 = (f"{f32badge(case.float32)} <span class='small'>{e(float32_worst_text(case))}</span>"
                if case.float32 else "<span class='muted'>—</span>")
         rows.append(f"<tr{' class=bad' if case.failed else ''}><td><a href='#case-{c}'>{e(case.name)}</a></td>"
-                    f"<td>{badge(case.verdict)}</td><td class='n'>{case.count('agree')} / {compared(case)}</td>"
+                    f"<td>{badge(case.verdict)}{_coverage(case)}</td><td class='n'>{agreeing(case)} / {compared(case)}</td>"
                     f"<td class='n'>{e(fmt(case_headroom(case)))}</td><td class='nw'>{f32}</td>"
                     f"<td class='path'>{start}</td>{''.join(times)}</tr>")
     return (f"<section class='panel'><h3 style='margin-top:0'>Cases</h3><div class='tw'><table>"
@@ -443,6 +449,12 @@ def _vacuous(case: CaseResult) -> str:
             f"<ul class='plain'>{items}</ul></div>")
 
 
+def _coverage(case: CaseResult) -> str:
+    """`` torch only`` beside a partial case's badge; "" for the full check."""
+    label = coverage_label(case)
+    return f" <span class='badge v-partial coverage'>{e(label)}</span>" if label else ""
+
+
 def _case(c: int, case: CaseResult, anchors: dict[int, str], alone: bool = False, hvp_slot: int | None = None) -> str:
     failing = failing_leaves(case)
     warned = imprecise_leaves(case)
@@ -451,10 +463,14 @@ def _case(c: int, case: CaseResult, anchors: dict[int, str], alone: bool = False
         case.params and f"{case.params:,} parameters", case.referee_passes and f"{case.referee_passes} referee passes",
     ) if x)
     f32 = f" · float32 {f32badge(case.float32)}" if case.float32 else ""
-    summary = (f"<summary>{badge(case.verdict)}<h2>{e(case.name)}</h2><span class='meta'>{e(meta)}</span>"
-               f"<span class='meta' style='margin-left:auto'>{case.count('agree')} of {compared(case)} leaves agree"
+    summary = (f"<summary>{badge(case.verdict)}{_coverage(case)}<h2>{e(case.name)}</h2><span class='meta'>{e(meta)}</span>"
+               f"<span class='meta' style='margin-left:auto'>{agreeing(case)} of {compared(case)} leaves agree"
                f" · headroom {e(fmt(case_headroom(case)))}{f32}</span></summary>")
     body = []
+    if case.partial:  # first: everything below was checked on fewer backends than asked
+        policy = "fails the case" if case.unavailable_policy == "fail" else "is a warning (unavailable = \"fail\" fails it)"
+        body.append(f"<div class='callout v-partial' role='note'><b>Partial check:</b> {e(partial_sentence(case))}; "
+                    f"not the cross-check asked for, which {e(policy)}. Why each is unavailable is below.</div>")
     if case.first_disagreement:
         leaf = next((x for x in case.leaves if x.path == case.first_disagreement), None)
         target = anchors.get(id(leaf)) if leaf is not None else None

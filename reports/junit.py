@@ -35,6 +35,7 @@ from datetime import datetime
 from gradcheck.results import CaseResult, LeafResult, RunResult
 
 from ._common import (
+    agreeing,
     case_f32_worst,
     case_time,
     compared,
@@ -57,6 +58,7 @@ from .text import (
     kink_sentence,
     leaf_sentence,
     origin_sentence,
+    partial_sentence,
     precision_sentence,
     run_sentence,
     vacuous_sentence,
@@ -136,7 +138,9 @@ def _leaf_detail(leaf: LeafResult) -> str:
 
 def _case_out(case: CaseResult) -> str:
     lines = [f"model {case.model or '—'}, dtype {case.dtype}, mode {case.mode}, seed {case.seed}",
-             f"leaves: {case.count('agree')} of {compared(case)} compared agree (float64)"]
+             f"leaves: {agreeing(case)} of {compared(case)} compared agree (float64)"]
+    if case.partial:  # not the cross-check asked for, whether or not the policy fails it
+        lines.append(f"{partial_sentence(case)} (unavailable policy: {case.unavailable_policy})")
     if case.first_disagreement:
         lines.append(f"disagreement starts at {case.first_disagreement}")
     if origin_sentence(case):
@@ -174,6 +178,9 @@ def _testcase(parent, name: str, classname: str, time: float) -> ET.Element:
 def _properties(case: CaseResult) -> list[tuple[str, object]]:
     props = [("model", case.model), ("dtype", case.dtype), ("mode", case.mode), ("seed", case.seed),
              ("backends", ",".join(case.backends)), ("replay", case.replay)]
+    if case.partial:
+        props += [("checked_on", ",".join(case.checked_on)), ("unavailable", ",".join(case.unavailable)),
+                  ("unavailable.policy", case.unavailable_policy)]
     if case.float32:
         worst = case_f32_worst(case)
         flagged = sorted({b for leaf in imprecise_leaves(case) + [x for x in case.leaves if x.verdict == "imprecise"]

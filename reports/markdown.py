@@ -18,6 +18,7 @@ from gradcheck.results import RunResult
 
 from ._common import (
     LeafNumbers,
+    agreeing,
     backends_of,
     blame_text,
     case_f32_worst,
@@ -37,6 +38,7 @@ from .text import (
     HEADLINE,
     case_failure,
     clean_line,
+    coverage_label,
     error_parts,
     float32_cell,
     kink_sentence,
@@ -76,7 +78,9 @@ def _case_rows(run: RunResult) -> list[str]:
         if origin is not None:  # the per-layer replay's word on where it starts
             first += f" · starts in {md(origin.path)} ({md(origin.kind)}" + (
                 f", blamed: {md(', '.join(origin.blame))})" if origin.blame else ")")
-        rows.append(f"| {md(case.name)} | {_badge(case.verdict)} | {case.count('agree')} / {compared(case)} | "
+        label = coverage_label(case)  # a partial case: what it was checked on ("torch only")
+        verdict = _badge(case.verdict) + (f" · {md(label)}" if label else "")
+        rows.append(f"| {md(case.name)} | {verdict} | {agreeing(case)} / {compared(case)} | "
                     f"{fmt(case_headroom(case))} | {md(float32_cell(case))} | {first} | "
                     f"{fmt_seconds(case_time(case))} |")
     return rows

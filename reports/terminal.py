@@ -17,6 +17,7 @@ from gradcheck.results import CaseResult, RunResult
 
 from ._common import (
     SYMBOL,
+    agreeing,
     backends_of,
     case_headroom,
     compared,
@@ -32,6 +33,7 @@ from ._common import (
 from .text import (
     case_failure,
     clean_line,
+    coverage_label,
     error_line,
     float32_cell,
     imprecise_sentence,
@@ -57,6 +59,7 @@ _COLOR = {
     "nonfinite": "33;1",
     "error": "41;97;1",
     "imprecise": "93;1",
+    "partial": "34;1",
     "vacuous": "33",
     "skipped": "2",
     "kink": "36",
@@ -74,16 +77,19 @@ def _cut(text: str, width: int) -> str:
     return text if len(text) <= width else text[: max(width - 1, 0)] + "…"
 
 
-def _table(rows: list[list[str]], right: set[int], width: int = WIDTH, shrink: int = 0, paint=None) -> list[str]:
-    """Align columns (``right``: numeric ones); column ``shrink`` is cut with "…" until the table fits ``width``.
+def _table(rows: list[list[str]], right: set[int], width: int = WIDTH, shrink: tuple[int, ...] = (0,),
+           paint=None) -> list[str]:
+    """Align columns (``right``: numeric ones); the ``shrink`` columns, in turn, are cut with "…" (to 8
+    characters at most) until the table fits ``width``.
 
     ``paint(row, col, padded)`` may colour a cell after it is padded, so escape codes never count as width.
     """
     n = len(rows[0])
     widths = [max(len(r[i]) for r in rows) for i in range(n)]
-    over = sum(widths) + 2 * (n - 1) - width
-    if over > 0:
-        widths[shrink] = max(8, widths[shrink] - over)
+    for col in shrink:
+        over = sum(widths) + 2 * (n - 1) - width
+        if over > 0:
+            widths[col] = max(8, widths[col] - over)
     out = []
     for k, r in enumerate(rows):
         cells = []
@@ -114,8 +120,11 @@ def _timing_cell(case: CaseResult, backend: str) -> str:
 def _case_table(run: RunResult, color: bool, width: int) -> list[str]:
     rows = [["case", "float64", "agree", "headroom", "float32"]]
     for case in run.cases:
-        rows.append([clean_line(case.name), f"{SYMBOL.get(case.verdict, '?')} {case.verdict}",
-                     f"{case.count('agree')}/{compared(case)}", fmt(case_headroom(case)), float32_cell(case)])
+        # A partial case says what it was checked on beside its verdict: "✓ agree, torch only".
+        label = coverage_label(case)
+        rows.append([clean_line(case.name), f"{SYMBOL.get(case.verdict, '?')} {case.verdict}"
+                     + (f", {label}" if label else ""),
+                     f"{agreeing(case)}/{compared(case)}", fmt(case_headroom(case)), float32_cell(case)])
 
     def paint(k, i, cell):
         if not color:
@@ -129,7 +138,8 @@ def _case_table(run: RunResult, color: bool, width: int) -> list[str]:
             return _paint(cell, "imprecise", True)
         return cell
 
-    return _table(rows, right={2, 3}, width=width, paint=paint)
+    # The case name first, then a partial case's "…, torch only" label, give way to fit the terminal.
+    return _table(rows, right={2, 3}, width=width, shrink=(0, 1), paint=paint)
 
 
 def _timing_head(backend: str) -> str:

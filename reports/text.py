@@ -49,6 +49,7 @@ HEADLINE = {
     "nonfinite": "Gradients are not finite",
     "error": "The run hit errors",
     "imprecise": "float32 gradients are imprecise",
+    "partial": "Some cases were checked on fewer backends than asked",
     "vacuous": "Some checks were vacuous",
     "skipped": "Everything was skipped",
     "interrupted": "The run was interrupted",
@@ -87,6 +88,13 @@ def _short_exp(text: str) -> str:
 
 def _plural(n: int, word: str, plural: str | None = None) -> str:
     return f"{n} {word if n == 1 else (plural or word + 's')}"
+
+
+def _and(items) -> str:
+    items = list(items)
+    if not items:
+        return "none"
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
 
 
 # ---------------------------------------------------------------- errors
@@ -289,6 +297,48 @@ def origin_sentence(case: CaseResult) -> str:
     return clean_line(line)
 
 
+# ---------------------------------------------------------------- a partial check
+def _checked_on(ran: list[str]) -> str:
+    """What a partial case was held against: one backend has only the referee (a case whose one backend ran
+    with the referee off compares nothing and is an error, never a partial pass)."""
+    if not ran:
+        return "no backend"
+    return f"{ran[0]} and the referee" if len(ran) == 1 else _and(ran)
+
+
+def coverage_label(case: CaseResult) -> str:
+    """``torch only`` on a partial case's row (a backend asked for was unavailable); "" for the full check."""
+    if not case.partial:
+        return ""
+    return clean_line(f"{_and(case.checked_on) if case.checked_on else 'no backend'} only")
+
+
+def partial_sentence(case: CaseResult) -> str:
+    """``checked on torch and the referee alone: tape, jax unavailable``; "" for the full check."""
+    if not case.partial:
+        return ""
+    return clean_line(f"checked on {_checked_on(case.checked_on)} alone: {', '.join(case.unavailable)} unavailable")
+
+
+def partial_runs(run: RunResult) -> list[str]:
+    """``7 of 24 cases checked on torch and the referee alone: tape, jax unavailable``, one per kind of gap."""
+    groups: dict[tuple, int] = {}
+    for case in run.cases:
+        if case.partial:
+            key = (tuple(case.checked_on), tuple(case.unavailable))
+            groups[key] = groups.get(key, 0) + 1
+    total = _plural(len(run.cases), "case")
+    return [clean_line(f"{n} of {total} checked on {_checked_on(list(ran))} alone: {', '.join(missing)} unavailable")
+            for (ran, missing), n in groups.items()]
+
+
+def partial_warning(case: CaseResult) -> str:
+    """The warning of a check that passed partially: what it ran on, why each other backend did not, the fix."""
+    why = "; ".join(f"{b}: {text}" for b, text in case.unavailable.items())
+    return clean_line(f"{case.name}: {partial_sentence(case)}, not the cross-check asked for ({why}); "
+                      "unavailable=\"fail\" makes this a failure")
+
+
 # ---------------------------------------------------------------- notices
 def vacuous_head(case: CaseResult) -> str:
     """``2 leaves are vacuous (≈0 on every backend; not failures, not in the headroom)``; "" when none is."""
@@ -416,6 +466,8 @@ def case_failure(case: CaseResult) -> str:
         flagged = imprecise_leaves(case)
         first = imprecise_sentence(flagged[0]) if flagged else ""
         return clean_line(f"float32 imprecise on {_plural(len(flagged), 'leaf', 'leaves')}" + (f": {first}" if first else ""))
+    if case.verdict == "partial":
+        return clean_line(f"{partial_sentence(case)}, which fails under the unavailable = \"fail\" policy")
     return clean_line(f"case verdict {case.verdict}")
 
 
@@ -453,16 +505,17 @@ def run_sentence(run: RunResult) -> str:
     else:
         first = (f"{n.failed_cases} of {cases} failed" if n.failed_cases
                  else "the 1 case passed" if ran == 1 else f"all {cases} passed")
-    parts = [first]
+    # Right after the pass or fail: a check on fewer backends than asked is not the cross-check.
+    parts = [first, *partial_runs(run)]
     if ran:
         roles: dict[str, int] = {}
         for case in run.cases:
             for leaf in case.leaves:
-                if leaf.verdict != "skipped":
+                if leaf.compared:
                     roles[leaf.role] = roles.get(leaf.role, 0) + 1
-        # Say what the leaves are: "62 parameter gradients" is what a reader counts on.
+        # Say what the compared leaves are: "62 parameter gradients" is what a reader counts on.
         names = {"param": "parameter gradient", "input": "input gradient", "output": "output", "buffer": "buffer",
-                 "hvp": "Hessian-vector product"}
+                 "hvp": "Hessian-vector product", "referee": "joint-direction check"}
         detail = ", ".join(f"{roles[r]} {names[r]}{'s' if roles[r] != 1 else ''}" for r in names if roles.get(r))
         parts.append(f"{n.agreeing} of {n.compared} leaves agree" + (f" ({detail})" if detail else ""))
     if n.vacuous:
@@ -484,18 +537,20 @@ def failing_leaves(result: CaseResult) -> list[LeafResult]:
 def _who(leaf, result) -> str:
     if leaf.verdict == "imprecise" and leaf.float32 is not None and leaf.float32.imprecise:
         return f"{', '.join(leaf.float32.imprecise)}; imprecise"
-    if leaf.blame:
+    ran = [b for b in result.backends if b not in result.unavailable and b not in result.errors]
+    if len(ran) == 1 and leaf.referee:  # one backend: whatever is blamed, it was held against the referee alone
+        who = f"{ran[0]} vs referee"
+    elif leaf.blame:
         who = ", ".join(leaf.blame)
     else:
-        ran = [b for b in result.backends if b not in result.unavailable and b not in result.errors]
-        who = f"{ran[0]} vs referee" if len(ran) == 1 and leaf.referee else "unresolved"
+        who = "unresolved"
     return who if leaf.verdict == "disagree" else f"{who}; {leaf.verdict}"
 
 
 def summary_line(result) -> str:
     """One line: what failed, where, and who is blamed."""
     bad = failing_leaves(result)
-    total = sum(1 for leaf in result.leaves if leaf.verdict != "skipped")
+    total = compared(result)
     if bad:
         verb = "disagree" if all(leaf.verdict == "disagree" for leaf in bad) else "fail"
         named = ", ".join(f"{leaf.path} ({_who(leaf, result)})" for leaf in bad[:SUMMARY_LEAVES])
@@ -509,7 +564,7 @@ def summary_line(result) -> str:
         where = "the case" if source == "case" else f"backend {source}"
         return clean_line(f"{where} failed: {error_parts(text)[0]}" + (
             f" (and {len(result.errors) - 1} more errors)" if len(result.errors) > 1 else ""))
-    if result.verdict in ("vacuous", "imprecise"):
+    if result.verdict in ("vacuous", "imprecise", "partial"):
         return case_failure(result)
     return clean_line(f"case verdict {result.verdict} over {total} leaves")
 
@@ -536,6 +591,8 @@ def format_failure(result) -> str:
     if result.first_disagreement:
         head += f"; the disagreement starts at {result.first_disagreement} (first in backward order)"
     lines.append(clean_line(head))
+    if result.partial and result.verdict != "partial":  # a partial verdict's summary line says it already
+        lines.append(f"  {partial_sentence(result)}: not the cross-check asked for")
     bad = failing_leaves(result)
     if bad:
         rows = [["leaf", "verdict", "blamed", "max abs", "max rel", "headroom", "message"]]
@@ -550,7 +607,7 @@ def format_failure(result) -> str:
                 clean_line(message),
             ])
         lines += _table(rows)
-    rest = [leaf for leaf in result.leaves if not leaf.failing and leaf.verdict not in ("skipped", "vacuous")]
+    rest = [leaf for leaf in result.leaves if leaf.compared and not leaf.failing and leaf.verdict != "vacuous"]
     if rest:
         tight = max(rest, key=_headroom)
         lines.append(clean_line(f"  {len(rest)} other leaves agree (largest headroom {_fmt(_headroom(tight))} at "

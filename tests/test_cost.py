@@ -11,11 +11,12 @@ import time
 
 import numpy as np
 import pytest
+from faults import wrong_bias_gradient
 
 import gradcheck.layers as L
 from gradcheck import cost, ops, referee
 from gradcheck.case import Case
-from gradcheck.runner import RunOptions, run_case
+from gradcheck.runner import JOINT, RunOptions, run_case
 
 R = np.random.default_rng(5)
 
@@ -82,9 +83,23 @@ def test_auto_checks_every_leaf_when_the_counted_work_fits_however_long_the_pass
     assert not any(n.startswith("referee: checking each") for n in r.notes)
 
 
-def test_auto_goes_joint_over_budget_and_says_why():
+@pytest.mark.parametrize("wrong", [False, True], ids=["clean", "wrong-bias-vjp"])
+def test_auto_goes_joint_over_budget_says_why_and_the_joint_direction_decides(monkeypatch, wrong):
+    # One backend, over budget: the joint direction is all its gradients are held against, so its word is the
+    # case's (a leaf of its own), and a wrong VJP is blamed, not noted.
+    if wrong:
+        wrong_bias_gradient(monkeypatch, "tape")
     r = run_case(_case(), RunOptions(backends=("tape",), referee="auto", referee_budget_s=1e-9))
-    assert r.referee_passes == referee.PASSES and not any(x.referee for x in r.leaves)
+    assert r.referee_passes == referee.PASSES
+    assert not any(x.referee for x in r.leaves if x.role != "referee")  # no leaf was checked apart
     note = next(n for n in r.notes if n.startswith("referee: checking each"))
     assert "5 leaves" in note and "budget of 1e-09 s" in note and "--referee leaves" in note
     assert any(n.startswith("referee, joint direction over 5 leaves") for n in r.notes)
+    (joint,) = [x for x in r.leaves if x.role == "referee"]
+    assert joint.path == JOINT and [c.backend for c in joint.referee] == ["tape"] and joint.referee[0].stable
+    assert r.leaves_compared == 1 and not r.errors
+    if not wrong:
+        assert r.verdict == joint.verdict == "agree" and joint.referee[0].agrees
+        return
+    assert r.verdict == joint.verdict == "disagree" and joint.blame == ["tape"] and not joint.referee[0].agrees
+    assert [x.path for x in r.leaves if x.failing] == [JOINT]

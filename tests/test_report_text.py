@@ -144,6 +144,33 @@ def test_unavailable_once_per_backend():
         ("jax", "jax is not installed: pip install 'gradcheck[jax]'", 50)]
 
 
+# ---------------------------------------------------------------- partial checks
+def _torch_only(name, seed=0):
+    unavailable = {"tape": "no lowering for aten.cumsum.default", "jax": "no lowering for aten.cumsum.default"}
+    return CaseResult(name=name, seed=seed, backends=["tape", "torch", "jax"], unavailable=unavailable,
+                      leaves=[fx.agree_leaf("w", backends=["torch"])])
+
+
+def test_a_partial_check_is_named_on_its_row_in_its_sentence_and_in_the_runs():
+    run = RunResult(cases=[_torch_only(f"gpt-{k}") for k in range(7)] + [fx.convnet_case(f"full-{k}")
+                                                                          for k in range(17)])
+    partial = run.cases[0]
+    assert T.coverage_label(partial) == "torch only" and T.coverage_label(run.cases[-1]) == ""
+    assert T.partial_sentence(partial) == "checked on torch and the referee alone: tape, jax unavailable"
+    assert T.partial_sentence(run.cases[-1]) == ""
+    assert T.partial_runs(run) == ["7 of 24 cases checked on torch and the referee alone: tape, jax unavailable"]
+    assert T.run_sentence(run).startswith(
+        "all 24 cases passed; 7 of 24 cases checked on torch and the referee alone: tape, jax unavailable; ")
+    two = fx.unavailable_case()  # tape and torch ran, jax did not: still a cross-check, of two
+    assert T.coverage_label(two) == "tape and torch only"
+    assert T.partial_sentence(two) == "checked on tape and torch alone: jax unavailable"
+    # Each kind of gap counts apart, in the order first met.
+    run.cases.append(two)
+    assert T.partial_runs(run) == ["7 of 25 cases checked on torch and the referee alone: tape, jax unavailable",
+                                   "1 of 25 cases checked on tape and torch alone: jax unavailable"]
+    assert T.partial_runs(RunResult(cases=[fx.convnet_case()])) == []  # the control
+
+
 # ---------------------------------------------------------------- one failing-leaves rule
 def test_vacuous_leaves_are_not_failing():
     case = fx.vacuous_case()

@@ -338,6 +338,7 @@ def test_github_annotations():
     tape = next(ln for ln in errors if "tape error" in ln)
     assert tape.split("::", 2)[2].startswith(f"ValueError: {fx.ERROR_MESSAGE} — at ")
     assert [ln for ln in lines if ln.startswith("::warning ")] == [
+        "::warning title=gradcheck%3A partial check::1 of 5 cases checked on tape and torch alone: jax unavailable",
         "::warning title=gradcheck%3A jax unavailable::jax — jax is not installed: pip install 'gradcheck[jax]'"]
     assert all(ln.startswith("::warning") for ln in reports.github_annotations(fx.agree_run()))
 
@@ -358,8 +359,10 @@ def test_github_float32_warning_once_per_case():
 def test_github_unavailable_once_and_failures_first():
     lines = reports.github_annotations(fx.unavailable_run(50))
     assert [ln.split("::")[1] for ln in lines] == ["error title=gradcheck convnet-broken%3A features.3.weight disagree",
+                                                   "warning title=gradcheck%3A partial check",
                                                    "warning title=gradcheck%3A jax unavailable"]
-    assert lines[1].endswith("(50 cases)")
+    assert lines[1].endswith("::50 of 51 cases checked on tape and torch alone: jax unavailable")
+    assert lines[2].endswith("(50 cases)")
 
 
 def test_github_interrupted_and_empty():

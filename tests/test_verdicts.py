@@ -73,6 +73,55 @@ def test_backends_that_agree_are_never_blamed_on_the_referee_alone_and_the_messa
     assert _leaf(agreeing, [_check(b, True) for b in ALL]).verdict == "agree"  # the control: nothing missed
 
 
+# ---------------------------------------------------------------- one backend, two, and no pairs
+def _decide(names, pairs=(), referee=()):
+    out = LeafResult(path="w", role="param", verdict="disagree" if any(v == "disagree" for *_, v in pairs) else "agree")
+    out.pairs = [PairResult(backend=b, reference=r, verdict=v, headroom=2.0 if v == "disagree" else 0.1)
+                 for b, r, v in pairs]
+    return verdict.decide(out, list(names), list(referee))
+
+
+@pytest.mark.parametrize("backend", ALL)
+def test_one_backend_is_blamed_when_the_stable_referee_resolves_it_outside_its_resolution(backend):
+    x = _decide([backend], referee=[_check(backend, False)])
+    assert x.verdict == "disagree" and x.blame == [backend]
+    assert x.message == (f"{backend}: the float64 finite difference differs from its gradient (finite difference 1 "
+                         f"± 1e-09; {backend} 1); only {backend} and the referee were compared")
+    # The controls: within the resolution it agrees; an abstaining referee blames nobody and compared nothing.
+    assert _decide([backend], referee=[_check(backend, True)]).verdict == "agree"
+    abstained = _decide([backend], referee=[_check(backend, False, stable=False)])
+    assert abstained.verdict == "agree" and abstained.blame == [] and not abstained.compared
+
+
+def test_two_backends_are_spoken_of_as_two():
+    off = _decide(["torch", "tape"], [("tape", "torch", "disagree")], [_check("torch", False), _check("tape", False)])
+    assert off.blame == [] and off.message.startswith(
+        "torch and tape disagree in float64 and the referee does not decide between them (the referee finds both "
+        "backends off (")
+    covered = _decide(["torch", "tape"], [("tape", "torch", "disagree")], [_check("torch", True), _check("tape", True)])
+    assert covered.blame == [] and "covers both backends)" in covered.message
+    shared = _decide(["torch", "tape"], [("tape", "torch", "agree")], [_check("torch", False), _check("tape", False)])
+    assert shared.blame == [] and shared.message.startswith(
+        "torch and tape agree with each other, but the float64 finite difference differs from both of them (")
+    split = _decide(["torch", "tape"], [("tape", "torch", "disagree")], [_check("torch", True), _check("tape", False)])
+    assert split.blame == ["tape"] and split.message.startswith("tape: the float64 referee and torch agree (")
+
+
+def test_without_pairs_the_referees_split_decides():
+    # The referee's joint direction over every leaf: no pair says whether the backends agree with each other.
+    names = ["torch", "jax", "tape"]
+    for culprit in names:
+        x = _decide(names, referee=[_check(b, b != culprit) for b in names])
+        held = " and ".join(b for b in names if b != culprit)
+        assert x.blame == [culprit] and x.message.startswith(f"{culprit}: the float64 referee and {held} agree (")
+    everyone = _decide(names, referee=[_check(b, False) for b in names])
+    assert everyone.blame == [] and everyone.message.startswith(
+        "the float64 finite difference differs from all of torch, jax and tape (")
+    two = _decide(["torch", "tape"], referee=[_check(b, False) for b in ("torch", "tape")])
+    assert two.blame == [] and two.message.startswith("the float64 finite difference differs from both torch and tape (")
+    assert _decide(names, referee=[_check(b, True) for b in names]).verdict == "agree"  # the control
+
+
 def test_a_leafs_headline_numbers_come_from_one_pair():
     from reports.text import leaf_numbers
 

@@ -7,6 +7,8 @@ attribute) names another, e.g. "cuda"; the same cases then run on a GPU.
 
 from __future__ import annotations
 
+import contextlib
+import inspect
 import os
 import sys
 
@@ -20,17 +22,51 @@ _configured = False
 
 
 def _configure(torch) -> None:
-    """Make torch compute what it says: full float32 matmuls, deterministic kernels."""
+    """Make torch compute what it says: full float32 matmuls, deterministic kernels (once per process)."""
     global _configured
     if _configured:
         return
     # TF32 rounds float32 matmul inputs to 10 mantissa bits on Ampere+ GPUs,
-    # which would show up as disagreements that are not bugs.
+    # which would show up as disagreements that are not bugs.  cuBLAS's switch is a plain setter, which
+    # frozen flags do not guard; cuDNN's is set in _full_precision, which knows about frozen flags.
     torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
     # Ops without a deterministic kernel warn instead of failing the case.
     _use_deterministic_algorithms(torch)
     _configured = True
+
+
+def _full_precision(torch):
+    """A context in which cuDNN computes float32 convolutions in full float32 (TF32 off).
+
+    PyTorch's own test harness (``torch.testing._internal.common_utils``)
+    freezes the global backend flags with ``torch.backends.disable_global_flags()``:
+    from then on ``cudnn.allow_tf32 = False`` raises, and a flag may only be
+    changed inside ``torch.backends.cudnn.flags(...)``, which puts it back on
+    exit.  So: unfrozen, the flag is switched off once for the process, as
+    before; frozen, each evaluation runs inside ``cudnn.flags`` with every
+    other cuDNN flag as the harness set it, and leaves the harness's value
+    behind.
+    """
+    cudnn = torch.backends.cudnn
+    if not cudnn.allow_tf32:
+        return contextlib.nullcontext()
+    if not torch.backends.flags_frozen():
+        cudnn.allow_tf32 = False
+        return contextlib.nullcontext()
+    return cudnn.flags(**_cudnn_flags(torch, allow_tf32=False))
+
+
+def _cudnn_flags(torch, **changed) -> dict:
+    """Every argument ``cudnn.flags`` takes (they differ between torch versions) at its current value, but
+    ``changed``: ``cudnn.flags`` sets each one it is given, and its defaults would turn cuDNN off."""
+    cudnn = torch.backends.cudnn
+    current = {}
+    for name in inspect.signature(cudnn.flags).parameters:
+        if name == "fp32_precision":  # the value cudnn.flags saves and restores: all of cuda's, not cuDNN's own
+            current[name] = torch._C._get_fp32_precision_getter("cuda", "all")
+        else:
+            current[name] = getattr(cudnn, name)
+    return {**current, **changed}
 
 
 def _use_deterministic_algorithms(torch) -> None:
@@ -64,6 +100,10 @@ class TorchBackend(Backend):
         import torch
 
         _configure(torch)
+        with _full_precision(torch):
+            return self._evaluate(torch, f, args, prefixes)
+
+    def _evaluate(self, torch, f, args, prefixes) -> Evaluation:
         device = self.device
 
         def lift(value, trainable):
@@ -85,8 +125,16 @@ class TorchBackend(Backend):
 
 def _to_numpy(x):
     if hasattr(x, "detach"):
+        if x.layout != _strided():  # nn.Embedding(sparse=True)'s gradient: the same numbers, stored sparsely
+            x = x.to_dense()
         return x.detach().cpu().numpy()
     return np.asarray(x)
+
+
+def _strided():
+    import torch
+
+    return torch.strided
 
 
 def _check_loss(loss, torch) -> None:

@@ -1,0 +1,75 @@
+"""Injected faults for negative controls, one of each kind on every backend.
+
+``wrong_bias_gradient(monkeypatch, backend)`` makes that backend's gradient
+of every Dense bias ``factor`` times too large, its forward value untouched:
+the tape through the VJP of ``a + b`` with respect to ``b``, torch through an
+autograd.Function on the bias, jax through a ``custom_vjp`` on the bias.  The
+torch and jax faults wrap ``ops.linear``'s kernel, so they are in place
+before the backend first traces the case (jax compiles each case's fresh
+loss function, so it sees the fault; a function compiled before the fault
+was injected would not).
+
+``unavailable(monkeypatch, backend)`` makes a backend unable to run any case,
+as a torch model with an op that has no lowering makes the tape and jax: the
+driver raises ``BackendUnavailable`` with a reason, and the runner records it
+in ``CaseResult.unavailable``.
+"""
+
+from __future__ import annotations
+
+from gradcheck import ops
+from gradcheck.backends import get_backend, tape_ops
+from gradcheck.backends.base import BackendUnavailable
+
+FACTOR = 1.01  # 1 % too large: far outside the float64 referee's resolution, far inside plausibility
+REASON = "no lowering for aten.fancy_op.default (a test's stand-in for an unsupported op)"
+
+
+def wrong_bias_gradient(monkeypatch, backend: str, factor: float = FACTOR) -> None:
+    {"tape": _tape, "torch": _torch, "jax": _jax}[backend](monkeypatch, factor)
+
+
+def _tape(monkeypatch, factor):
+    original = tape_ops.add.vjps[1]
+    monkeypatch.setitem(tape_ops.add.vjps, 1, lambda g, ans, a, b: ops.mul(original(g, ans, a, b), factor))
+
+
+def _torch(monkeypatch, factor):
+    import torch
+
+    from gradcheck.backends import torch_ops
+
+    class ScaledGradient(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, b):
+            return b.clone()
+
+        @staticmethod
+        def backward(ctx, g):
+            return g * factor
+
+    original = torch_ops.linear
+    monkeypatch.setattr(torch_ops, "linear", lambda x, w, bias=None: original(
+        x, w, None if bias is None else ScaledGradient.apply(bias)))
+
+
+def _jax(monkeypatch, factor):
+    import jax
+
+    from gradcheck.backends import jax_ops
+
+    @jax.custom_vjp
+    def scaled_gradient(b):
+        return b
+
+    scaled_gradient.defvjp(lambda b: (b, None), lambda _, g: (g * factor,))
+    original = jax_ops.linear
+    monkeypatch.setattr(jax_ops, "linear", lambda x, w, bias=None: original(
+        x, w, None if bias is None else scaled_gradient(bias)))
+
+
+def unavailable(monkeypatch, backend: str, reason: str = REASON) -> None:
+    def refuse(*args, **kwargs):
+        raise BackendUnavailable(reason)
+
+    monkeypatch.setattr(get_backend(backend), "evaluate", refuse)
