@@ -187,6 +187,11 @@ def sigmoid(x): ...
 @op
 def erf(x): ...
 @op
+def atan(x):
+    """``arctan(x)``; gradient ``1 / (1 + x^2)``."""
+
+
+@op
 def relu(x):
     """``max(x, 0)``; gradient 0 at exactly 0 (the torch and jax convention)."""
 
@@ -241,6 +246,9 @@ def matmul(a, b):
 @op
 def einsum(subscripts, *operands):
     """``np.einsum``: ``"ij,jk->ik"``, an implicit output (``"ij,jk"``) or ``...``; each index has one size.
+
+    An explicit output without ``...`` sums over the ``...`` dims, as torch's
+    einsum does (numpy's own refuses that form).
 
     Size-1 dims broadcast only under ``...`` (numpy also stretches a named
     size-1 index; the rule refuses that, which not every framework does).
@@ -537,6 +545,20 @@ def max(x, axis=None, keepdims=False):
 
 @op
 def min(x, axis=None, keepdims=False): ...
+@op
+def prod(x, axis=None, keepdims=False):
+    """Product reduction; the gradient is the product of the other elements, zeros included (torch's rule)."""
+
+
+@op
+def topk(x, k, axis=-1, largest=True):
+    """``(values, indices)`` of the ``k`` largest (or smallest) elements along ``axis``, sorted, as ``torch.topk``.
+
+    ``indices`` are int64 positions along ``axis`` and carry no gradient; the
+    gradient of ``values`` goes to the elements picked.
+    """
+
+
 @op
 def logsumexp(x, axis=None, keepdims=False): ...
 @op

@@ -73,6 +73,8 @@ def row(op, fn, *inputs, id="", **kw):
 MASK = np.array([[True, False, True, True], [False, False, True, False], [True, True, False, True]])
 IDX = np.array([2, 0, 2, 1])
 TIES = np.array([[1.0, 3.0, 3.0, -2.0], [0.5, 0.5, 0.5, 0.5], [0.0, -1.0, 2.0, 2.0]])
+# Rows with one zero (its gradient: the others' product), two (all 0) and none.
+PROD_ZEROS = np.array([[1.5, 0.0, -2.0, 0.5], [0.0, 1.5, 0.0, 2.0], [0.5, -1.5, 1.2, 0.8]])
 POOL_TIES = np.tile(np.array([[1.0, 1.0, 0.0], [1.0, 0.5, 0.0], [0.0, 0.0, 0.0]]), (1, 2, 2, 2))
 
 ROWS = [
@@ -112,6 +114,7 @@ ROWS = [
     row("tanh", ops.tanh, (3, 4)),
     row("sigmoid", ops.sigmoid, np.array([-40.0, -3.0, -0.5, 0.0, 0.7, 4.0, 40.0])),
     row("erf", ops.erf, (3, 4)),
+    row("atan", lambda x: ops.atan(ops.mul(x, 3.0)), (3, 4)),
     row("relu", ops.relu, TIES - 1.0),
     row("leaky_relu", lambda x: ops.leaky_relu(x, 0.2), TIES - 1.0),
     row("elu", lambda x: ops.elu(x, alpha=1.5), TIES - 1.0),
@@ -134,6 +137,8 @@ ROWS = [
     row("einsum", lambda a: ops.einsum("ijk->ki", a), (2, 3, 4), id="unary"),
     row("einsum", lambda a, b: ops.einsum("...ij,...jk->...ik", a, b), (5, 1, 2, 3), (4, 3, 2), id="ellipsis"),
     row("einsum", lambda a, b: ops.einsum("ij...,jk", a, b), (2, 3, 5), (3, 4), id="implicit"),
+    # An output that leaves '...' out sums over those dims, as torch's einsum does (numpy's refuses the form).
+    row("einsum", lambda a, b: ops.einsum("...ik, ...j -> ij", a, b), (2, 3, 4), (1, 5), id="ellipsis-summed"),
     row("sum", ops.sum, (2, 3, 4), id="all"),
     row("sum", lambda x: ops.sum(x, axis=1), (2, 3, 4), id="int"),
     row("sum", lambda x: ops.sum(x, axis=(0, 2), keepdims=True), (2, 3, 4), id="tuple-keepdims"),
@@ -155,6 +160,12 @@ ROWS = [
     row("max", lambda x: ops.max(x, axis=1), TIES, id="ties"),
     row("min", lambda x: ops.min(x, axis=(0, 2)), (2, 3, 4), id="tuple"),
     row("min", lambda x: ops.min(x, axis=-1), TIES, id="ties"),
+    row("prod", ops.prod, (3, 4), id="all", positive=True),
+    row("prod", lambda x: ops.prod(x, axis=(0, 2), keepdims=True), (2, 3, 4), id="tuple-keepdims"),
+    row("prod", lambda x: ops.prod(x, axis=1), PROD_ZEROS, id="zeros"),
+    row("topk", lambda x: ops.topk(x, 2, axis=1)[0], (3, 5), id="values"),
+    row("topk", lambda x: ops.topk(x, 3, axis=0, largest=False)[0], (4, 2, 3), id="smallest-axis0"),
+    row("topk", lambda x: ops.topk(x, 2)[1], (3, 5), id="indices", grad=False),
     row("logsumexp", ops.logsumexp, (2, 3, 4), id="all"),
     row("logsumexp", lambda x: ops.logsumexp(x, axis=1, keepdims=True), (2, 3, 4), id="keepdims"),
     row("logsumexp", lambda x: ops.logsumexp(x * 100.0, axis=(0, 2)), (2, 3, 4), id="large"),

@@ -155,6 +155,7 @@ ROWS = [
     R("tanh", lambda x: ops.tanh(x), (3, 4)),
     R("sigmoid", lambda x: ops.sigmoid(x), (3, 4), lo=-8, hi=8),
     R("erf", lambda x: ops.erf(x), (3, 4)),
+    R("atan", lambda x: ops.atan(x), (3, 4), lo=-5, hi=5),
     R("relu", lambda x: ops.relu(x), (3, 4)),
     R("relu", lambda x: ops.relu(x), (3, 4), ties=True),
     R("leaky_relu", lambda x: ops.leaky_relu(x), (3, 4)),
@@ -180,6 +181,7 @@ ROWS = [
     R("einsum", lambda a, b: ops.einsum("ij,jk->ik", a, b), (3, 4), (4, 5)),
     R("einsum", lambda a, b: ops.einsum("bij,bkj->bki", a, b), (2, 3, 4), (2, 5, 4)),
     R("einsum", lambda a: ops.einsum("ijk->ki", a), (2, 3, 4)),
+    R("einsum", lambda a, b: ops.einsum("...ik, ...j -> ij", a, b), (2, 3, 4), (1, 5)),  # the '...' dims summed
     R("einsum", lambda a, b: ops.einsum("i,i->", a, b), (4,), (4,)),
     R("einsum", lambda a: ops.einsum("ij,jk->ik", a, C34), (2, 3), const64=True),
     # numpy's other forms: the tape spells them out (einsum_plan), the frameworks take them as written.
@@ -216,6 +218,13 @@ ROWS = [
     R("min", lambda x: ops.min(x), (3, 4), ties=True),
     R("min", lambda x: ops.min(x, axis=0, keepdims=True), (3, 4)),
     R("min", lambda x: ops.min(x, axis=(1, 2)), (2, 3, 4), ties=True),
+    R("prod", lambda x: ops.prod(x), (3, 4), lo=0.5, hi=1.5),
+    R("prod", lambda x: ops.prod(x, axis=1, keepdims=True), (2, 3, 4)),
+    R("prod", lambda x: ops.prod(x, axis=(0, 2)), (2, 3, 4)),
+    R("prod", lambda x: ops.prod(x, axis=-1), (3, 4), ties=True),  # small integers: zeros, one or several a row
+    R("topk", lambda x: ops.topk(x, 2, axis=1)[0], (3, 5)),
+    R("topk", lambda x: ops.topk(x, 3, axis=0, largest=False)[0], (4, 2, 3)),
+    R("topk", lambda x: ops.topk(x, 2)[1], (3, 5), grad=False),
     R("logsumexp", lambda x: ops.logsumexp(x), (3, 4)),
     R("logsumexp", lambda x: ops.logsumexp(x, axis=1, keepdims=True), (2, 3, 4), lo=-30, hi=30),
     R("logsumexp", lambda x: ops.logsumexp(x, axis=(0, 2)), (2, 3, 4)),

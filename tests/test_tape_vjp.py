@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import pytest
+from draws import examples
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
@@ -24,7 +25,7 @@ from gradcheck import ops, tape
 from gradcheck.backends import tape_ops
 from gradcheck.tape import Tensor
 
-SETTINGS = settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+SETTINGS = settings(max_examples=examples(15), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 class Draw:
@@ -122,7 +123,7 @@ def _unary(op, domain="normal", **kw):
     return build
 
 
-for _op in ["neg", "exp", "expm1", "sin", "cos", "tanh", "sigmoid", "erf", "softplus", "silu"]:
+for _op in ["neg", "exp", "expm1", "sin", "cos", "tanh", "sigmoid", "erf", "softplus", "silu", "atan"]:
     ROWS.append(Row(_op, _op, _unary(_op)))
 for _op in ["log", "log1p", "sqrt", "rsqrt"]:
     ROWS.append(Row(_op, _op, _unary(_op, "positive")))
@@ -364,6 +365,7 @@ def _(d):
         ("ij,jk->", ((i, j), (j, k))),
         ("ij->ji", ((i, j),)),
         ("bij->bj", ((b, i, j),)),
+        ("...ik,...j->ij", ((b, i, k), (b, j))),  # the '...' dims summed: an output without '...', as torch's
     ], "spec")
     return (lambda *xs: ops.einsum(spec, *xs)), tuple(d.normal(s) for s in shapes)
 
@@ -441,6 +443,30 @@ def _softmax(op):
 
 ROWS += [Row("softmax", "softmax (axis)", _softmax("softmax")),
          Row("log_softmax", "log_softmax (axis)", _softmax("log_softmax"))]
+
+
+@row("prod", "prod (axis, keepdims; exact zeros: the product of the others)")
+def _(d):
+    shape = d.shape(min_dims=1)
+    x = d.normal(shape)
+    axis, keepdims = d.axis(len(shape)), d(st.booleans(), "keepdims")
+    # Zeros are where prod's gradient is not prod / x: one in a group gets the others' product, the rest 0.
+    # Two zeros make a group flat, so they are drawn only where another group keeps the function from being so.
+    reduced = range(len(shape)) if axis is None else [a % len(shape) for a in np.atleast_1d(axis)]
+    size = int(np.prod([shape[a] for a in reduced], dtype=np.int64))
+    groups = x.size // size
+    # A group of one element is the element itself: a zero there leaves sin(prod) without curvature at all.
+    zeros = d.int(0, 2 if groups > 1 else 1, "zeros") if size > 1 else 0
+    x.reshape(-1)[d.rng.choice(x.size, size=builtins.min(zeros, x.size), replace=False)] = 0.0
+    return (lambda x: ops.prod(x, axis=axis, keepdims=keepdims)), (x,)
+
+
+@row("topk", "topk values (axis, k, largest or smallest; no ties)")
+def _(d):
+    shape = d.shape(min_dims=1)
+    axis = d.axis(len(shape), allow_none=False, allow_tuple=False)
+    k, largest = d.int(1, shape[axis], "k"), d(st.booleans(), "largest")
+    return (lambda x: ops.topk(x, k, axis=axis, largest=largest)[0]), (d.distinct(shape),)
 
 
 # ---------------------------------------------------------------- shapes
@@ -825,7 +851,7 @@ def test_vjp(row: Row, data):
 
 
 @pytest.mark.parametrize("row", CONSTANT_ROWS, ids=[r.label for r in CONSTANT_ROWS])
-@settings(max_examples=5, deadline=None)
+@settings(max_examples=examples(5), deadline=None)
 @given(data=st.data())
 def test_constant_ops_carry_no_gradient(row: Row, data):
     f, args = row.build(Draw(data))
@@ -992,6 +1018,12 @@ NEGATIVE = [
      lambda x: ops.max_pool2d(x, 2), (R.permutation(50).reshape(1, 2, 5, 5) / 10.0,)),
     ("log VJP 1/x^2", tape_ops.log, 0, lambda old: (lambda g, ans, x: ops.div(g, ops.mul(x, x))),
      ops.log, (R.uniform(0.5, 2.0, (3, 4)),)),
+    ("atan VJP 1/(1 + x), the square forgotten", tape_ops.atan, 0,
+     lambda old: (lambda g, ans, x: ops.div(g, ops.add(x, 1.0))), ops.atan, (R.uniform(0.5, 2.0, (3, 4)),)),
+    ("prod VJP prod/x, wrong at a zero", tape_ops.prod, 0,
+     lambda old: (lambda g, ans, x, axis=None, keepdims=False: ops.mul(ops.reshape(g, (-1, 1)), ops.div(
+         ops.reshape(ans, (-1, 1)), ops.where(tape.raw(x) == 0, 1.0, x)))),
+     lambda x: ops.prod(x, axis=1), (np.where(np.eye(3, 4, dtype=bool), 0.0, R.standard_normal((3, 4))),)),
 ]
 
 

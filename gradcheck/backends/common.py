@@ -154,7 +154,7 @@ def axis_arg(axis):
     return tuple(axis) if isinstance(axis, list) else axis
 
 
-@rule("sum", "mean", "var", "max", "min", "logsumexp")
+@rule("sum", "mean", "var", "max", "min", "logsumexp", "prod")
 def _reduction(op, x, axis=None, keepdims=False, ddof=0):
     shape = shape_of(x)
     reduced = normal_axes(op, axis, shape)
@@ -165,6 +165,19 @@ def _reduction(op, x, axis=None, keepdims=False, ddof=0):
 @rule("softmax", "log_softmax")
 def _softmax(op, x, axis=-1):
     normal_axes(op, axis, shape_of(x))
+
+
+@rule("topk")
+def _topk(op, x, k, axis=-1, largest=True):
+    shape = shape_of(x)
+    if not shape:
+        raise ValueError("topk: a 0-d input has no axis to select along; reshape it to (1,) first")
+    if not isinstance(axis, (int, np.integer)) or isinstance(axis, bool):
+        raise TypeError(f"topk: axis={axis!r}; expected one int")
+    (ax,) = normal_axes(op, axis, shape)
+    if not isinstance(k, (int, np.integer)) or isinstance(k, bool) or not 0 <= k <= shape[ax]:
+        raise ValueError(f"topk: k={k!r} for axis {ax} of size {shape[ax]} (shape {shape}); "
+                         f"expected an int in [0, {shape[ax]}]")
 
 
 # ---------------------------------------------------------------- linear algebra
@@ -205,8 +218,8 @@ def einsum_plan(subscripts, shapes) -> tuple[str, list[tuple[int, ...] | None]]:
     broadcasts them) and the output written out (numpy's and torch's implicit
     rule: the ellipsis, then the labels used once, in ASCII order); and per
     operand the shape it must be broadcast to so that every index has one
-    size, or None.  The tape runs that; the frameworks take the subscripts as
-    given, which mean the same.
+    size, or None.  The tape and numpy run that; torch and jax take the
+    subscripts as given, which mean the same.
     """
     if not isinstance(subscripts, str):
         raise TypeError(f"einsum: subscripts {subscripts!r}; expected a string such as 'bij,bjk->bik'")
@@ -249,9 +262,8 @@ def einsum_plan(subscripts, shapes) -> tuple[str, list[tuple[int, ...] | None]]:
                     f"in operand {k}; an index has one size (broadcast explicitly first)"
                 )
     if arrow:
+        # An output without '...' sums over the '...' dims, as torch's einsum does (numpy's refuses the form).
         result = out.replace("...", dots)
-        if "..." not in out and any(ranks):
-            raise ValueError(f"einsum {subscripts!r}: the output must keep '...' when the inputs have it")
     else:
         counts = {c: "".join(explicit).count(c) for c in set("".join(explicit)) - set(dots)}
         result = dots + "".join(sorted(c for c, n in counts.items() if n == 1))

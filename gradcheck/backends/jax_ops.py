@@ -86,7 +86,7 @@ def stop_gradient(x):
 add, sub, mul, div, neg = jnp.add, jnp.subtract, jnp.multiply, jnp.true_divide, jnp.negative
 maximum, minimum = jnp.maximum, jnp.minimum  # jax splits the gradient evenly at ties, as torch
 exp, expm1, log, log1p, sqrt = jnp.exp, jnp.expm1, jnp.log, jnp.log1p, jnp.sqrt
-sin, cos, tanh = jnp.sin, jnp.cos, jnp.tanh
+sin, cos, tanh, atan = jnp.sin, jnp.cos, jnp.tanh, jnp.arctan
 sigmoid, relu, silu, softplus = jax.nn.sigmoid, jax.nn.relu, jax.nn.silu, jax.nn.softplus
 erf = jax.scipy.special.erf
 greater, less, equal = jnp.greater, jnp.less, jnp.equal
@@ -151,6 +151,19 @@ def max(x, axis=None, keepdims=False):
 
 def min(x, axis=None, keepdims=False):
     return jnp.min(x, axis=common.axis_arg(axis), keepdims=keepdims)
+
+
+def prod(x, axis=None, keepdims=False):
+    # jax's reduce_prod differentiates with the products of the others, so zeros are exact, as in torch.
+    return jnp.prod(x, axis=common.axis_arg(axis), keepdims=keepdims)
+
+
+def topk(x, k, axis=-1, largest=True):
+    """``lax.top_k`` (largest, along the last axis) with the axis moved there, negated for the smallest."""
+    moved = jnp.moveaxis(x, axis, -1)
+    values, indices = lax.top_k(moved if largest else -moved, int(k))
+    values = values if largest else -values
+    return jnp.moveaxis(values, -1, axis), jnp.moveaxis(indices.astype(jnp.int64), -1, axis)
 
 
 def logsumexp(x, axis=None, keepdims=False):

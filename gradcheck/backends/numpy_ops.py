@@ -78,7 +78,7 @@ add, sub, mul, div = _binary(np.add), _binary(np.subtract), _binary(np.multiply)
 maximum, minimum, pow = _binary(np.maximum), _binary(np.minimum), _binary(np.power)
 neg = np.negative
 exp, expm1, log, log1p, sqrt = np.exp, np.expm1, np.log, np.log1p, np.sqrt
-abs, sin, cos, tanh = np.abs, np.sin, np.cos, np.tanh
+abs, sin, cos, tanh, atan = np.abs, np.sin, np.cos, np.tanh, np.arctan
 greater, less, equal = np.greater, np.less, np.equal
 
 
@@ -110,7 +110,10 @@ def matmul(a, b):
 
 
 def einsum(subscripts, *operands):
-    return np.einsum(subscripts, *operands, optimize=len(operands) > 2)
+    # The explicit equation: numpy's own einsum refuses an output that drops '...' (torch sums over those dims).
+    equation, targets = common.einsum_plan(subscripts, [np.shape(x) for x in operands])
+    operands = [x if t is None else np.broadcast_to(x, t) for x, t in zip(operands, targets, strict=True)]
+    return np.einsum(equation, *operands, optimize=len(operands) > 2)
 
 
 def sum(x, axis=None, keepdims=False):
@@ -123,6 +126,27 @@ def max(x, axis=None, keepdims=False):
 
 def min(x, axis=None, keepdims=False):
     return np.min(x, axis=common.axis_arg(axis), keepdims=keepdims)
+
+
+def prod(x, axis=None, keepdims=False):
+    return np.prod(x, axis=common.axis_arg(axis), keepdims=keepdims)
+
+
+def topk_indices(x, k, axis=-1, largest=True) -> np.ndarray:
+    """The positions along ``axis`` of the ``k`` largest (or smallest) values, best first (int64).
+
+    A stable sort, so that among equal values the first position comes
+    first; NaN counts as the largest value, as in torch.
+    """
+    x = np.asarray(x)
+    key = np.where(np.isnan(x), -np.inf, -x) if largest else np.where(np.isnan(x), np.inf, x)
+    order = np.argsort(key, axis=axis, kind="stable")
+    return np.take(order, np.arange(k), axis=axis).astype(np.int64)
+
+
+def topk(x, k, axis=-1, largest=True):
+    index = topk_indices(x, k, axis, largest)
+    return np.take_along_axis(np.asarray(x), index, axis=axis), index
 
 
 def _shift(x, axis):

@@ -170,6 +170,7 @@ erf = _p("erf", npo.erf).defvjp(
 # where, not g * mask: one pass fewer, and a non-finite g stays where x <= 0
 # (torch's threshold_backward selects the same way).
 relu = _p("relu", npo.relu).defvjp(lambda g, ans, x: o.where(raw(x) > 0, g, 0.0))
+atan = _p("atan", npo.atan).defvjp(lambda g, ans, x: o.div(g, o.add(o.mul(x, x), 1.0)))
 softplus = _p("softplus", npo.softplus).defvjp(lambda g, ans, x: o.mul(g, o.sigmoid(x)))
 # fmt: on
 
@@ -255,7 +256,34 @@ def _logsumexp_vjp(g, ans, x, axis=None, keepdims=False):
     return o.mul(_expand(g, shape, axis, keepdims), o.exp(o.sub(x, _expand(ans, shape, axis, keepdims))))
 
 
+def _prod_vjp(g, ans, x, axis=None, keepdims=False):
+    """The product of the other elements of each group: ``prod / x`` without zeros, with one zero the others'
+    product at the zero (0 elsewhere), with two or more 0 everywhere (torch's ``prod_backward``).
+
+    The zeros are replaced by 1 before dividing, so no 0/0 is formed, and the
+    slope is written so that it has the right derivative too (second order):
+    a slope whose value is 0 because the group holds zeros keeps those zeros
+    as live values, multiplied in.  With one zero, a non-zero element's slope
+    is the others' product over it times the zero (the group's sum of its
+    zeros); with two, each zero's slope is the non-zero product times the
+    other zero (that sum minus this one).  Products of two or more zeros stay 0
+    to first order, and are 0.
+    """
+    shape = _shape(x)
+    zero = raw(x) == 0
+    zeros = np.sum(zero, axis=common.axis_arg(axis), keepdims=True)
+    safe = o.where(zero, 1.0, x)
+    others = o.prod(safe, axis=axis, keepdims=True)
+    without = o.div(others, safe)  # the product of the group's non-zero elements other than this one
+    zero_sum = o.sum(o.where(zero, x, 0.0), axis=axis, keepdims=True)  # the group's zeros, live (value 0)
+    slope = o.where(zeros == 0, without,
+                    o.where(zeros == 1, o.where(zero, others, o.mul(without, zero_sum)),
+                            o.where(zero & (zeros == 2), o.mul(others, o.sub(zero_sum, x)), 0.0)))
+    return o.mul(_expand(g, shape, axis, keepdims), slope)
+
+
 sum = _p("sum", npo.sum).defvjp(_sum_vjp)
+prod = _p("prod", npo.prod).defvjp(_prod_vjp)
 max = _p("max", npo.max).defvjp(_chooser_vjp)
 min = _p("min", npo.min).defvjp(_chooser_vjp)
 logsumexp = _p("logsumexp", npo.logsumexp).defvjp(_logsumexp_vjp)
@@ -263,6 +291,16 @@ softmax = _p("softmax", npo.softmax).defvjp(
     lambda g, ans, x, axis=-1: o.mul(ans, o.sub(g, o.sum(o.mul(g, ans), axis=axis, keepdims=True))))
 log_softmax = _p("log_softmax", npo.log_softmax).defvjp(
     lambda g, ans, x, axis=-1: o.sub(g, o.mul(o.exp(ans), o.sum(g, axis=axis, keepdims=True))))
+
+
+def topk(x, k, axis=-1, largest=True):
+    """The positions from numpy's stable sort of the values (constants), the values gathered at them:
+    getitem's VJP scatters the gradient back to the elements picked."""
+    index = npo.topk_indices(raw(x), k, axis, largest)
+    ax = axis % len(_shape(x))
+    grid = list(np.ogrid[tuple(slice(n) for n in index.shape)])
+    grid[ax] = index
+    return o.getitem(x, tuple(grid)), index
 
 
 # ---------------------------------------------------------------- shapes

@@ -258,6 +258,10 @@ def erf(x):
     return torch.special.erf(x)
 
 
+def atan(x):
+    return torch.atan(x)
+
+
 def relu(x):
     return torch.relu(x)
 
@@ -334,6 +338,21 @@ def max(x, axis=None, keepdims=False):
 
 def min(x, axis=None, keepdims=False):
     return _reduce(torch.amin, x, axis, keepdims)
+
+
+def prod(x, axis=None, keepdims=False):
+    dims = common.normal_axes("prod", axis, tuple(x.shape))
+    if not dims:
+        return torch.prod(x.unsqueeze(0), dim=0)
+    # torch.prod takes one dim: the last first, so that the others keep their numbers.
+    for d in sorted(dims, reverse=True):
+        x = torch.prod(x, dim=d, keepdim=keepdims)
+    return x
+
+
+def topk(x, k, axis=-1, largest=True):
+    values, indices = torch.topk(x, int(k), dim=int(axis), largest=bool(largest), sorted=True)
+    return values, indices
 
 
 def logsumexp(x, axis=None, keepdims=False):

@@ -23,14 +23,18 @@ import numpy as np
 from gradcheck import kinks
 from gradcheck import module as gmodule
 from gradcheck.backends.base import BackendUnavailable
-from gradcheck.export import capture
+from gradcheck.export import capture, randomness
 from gradcheck.export.aten import LOWERINGS, LoweringError, Unavailable
 from gradcheck.kinks import KinkMismatch
 from gradcheck.ops import BackendOpMissing
 
 # Relative error (max |lowering - torch| / max |torch|) a float64 lowering may have: kernels that sum in
-# another order differ by a few ulps times the reduction length, ten thousand times below this.
+# another order differ by a few ulps times the reduction length, ten thousand times below this.  The
+# scale it is relative to is at least that of the op's inputs (``_input_scale``): an output that is
+# cancellation noise (a mean of centred values) is rounding of the inputs' size, not of its own.
 VERIFY_RTOL = 1e-8
+# Magnitudes from here up are a float type's extremes, which masks fill with (finfo.min), not data.
+EXTREME = 1e30
 # Ops whose values are whatever memory held (torch's) or zeros (the lowering's): only their shape is theirs, and
 # what they become (a random fill, an in-place copy) is the next node's to check.
 UNINITIALISED = frozenset({"aten.empty.memory_format", "aten.empty.default", "aten.empty_like.default",
@@ -60,8 +64,9 @@ class Context:
         self.node = None
         self.op = ""
 
-    def dropout_mask(self, shape, p) -> np.ndarray:
-        return self._mask(self.node.name, tuple(shape), p)
+    def draw(self, kind, shape) -> np.ndarray:
+        """This random node's draw from the case seed (``gradcheck.export.randomness``)."""
+        return self._mask.draw(self.node.name, kind, tuple(shape))
 
 
 def numpy_dtype(dtype, floats):
@@ -92,97 +97,97 @@ def _unavailable_in(args, kwargs):
     return None
 
 
-def run(graph: capture.Graph, values: dict, floats, mask, layer_of=None) -> list:
-    """The graph's outputs, in the order of its output specs, from placeholder values."""
+def lowering_of(graph: capture.Graph, op: str):
+    """The lowering that runs ``op`` in ``graph``: the graph's own (a custom op's reference), else the table's."""
+    own = graph.lowerings.get(op)
+    return own if own is not None else LOWERINGS[op]
+
+
+def run(graph: capture.Graph, values: dict, floats, mask, layer_of=None, watch=None) -> list:
+    """The graph's outputs, in the order of its output specs, from placeholder values.
+
+    ``watch(node, value) -> value``, when given, sees every node's value as it
+    is computed and may replace it (the per-submodule replay records values
+    and adds its cotangent probes so).
+    """
     if graph.unfaithful:
         raise UnsupportedOp(graph.unfaithful)
     env: dict = {}
-    ctx = Context(floats, mask)
-    stack = gmodule.current_calls()
     for node in graph.nodes:
         if node.op == "placeholder":
             env[node] = values[node.name]
-        elif node.op == "call_function":
-            if node.target is operator.getitem:
-                env[node] = env[node.args[0]][node.args[1]]
-                continue
-            if node.name in graph.problems:
-                raise UnsupportedOp(graph.problems[node.name])
-            args, kwargs = _arguments(node, env.__getitem__, ctx.floats)
-            missing = _unavailable_in(args, kwargs)
-            op = capture.op_name(node)
-            if missing is not None:
-                raise UnsupportedOp(f"{op} uses {missing.what}, which the lowering does not compute: "
-                                    f"{capture.where(node)}")
-            ctx.node, ctx.op = node, op
-            layer = layer_of(node) if layer_of is not None else None
-            if layer is not None:
-                stack.append(layer)  # kink reports name the layer they happen in
-            try:
-                if node.name in graph.constants:
-                    with kinks.suspended():
-                        env[node] = LOWERINGS[op](ctx, *args, **kwargs)
-                else:
-                    env[node] = LOWERINGS[op](ctx, *args, **kwargs)
-            except (KinkMismatch, UnsupportedOp):
-                raise
-            except (LoweringError, BackendOpMissing) as exc:
-                raise UnsupportedOp(f"{exc} ({capture.where(node)})") from exc
-            except Exception as exc:
-                raise GraphRunError(f"{op}, {capture.where(node)}: {type(exc).__name__}: {exc}") from exc
-            finally:
-                if layer is not None:
-                    stack.pop()
-        elif node.op == "output":
-            from torch.fx.node import map_arg
+            if watch is not None:
+                env[node] = watch(node, env[node])
+    execute(graph, [n for n in graph.nodes if n.op == "call_function"], env, floats, mask, layer_of, watch)
+    out = next((n for n in graph.nodes if n.op == "output"), None)
+    if out is None:
+        raise GraphRunError("the graph has no output node")
+    from torch.fx.node import map_arg
 
-            return list(map_arg(node.args[0], env.__getitem__))
-        else:
+    return list(map_arg(out.args[0], env.__getitem__))
+
+
+def execute(graph: capture.Graph, nodes: list, env: dict, floats, mask, layer_of=None, watch=None) -> dict:
+    """Run ``nodes`` (call_function nodes of ``graph``, in graph order) on the values ``env`` holds; fills ``env``."""
+    ctx = Context(floats, mask)
+    stack = gmodule.current_calls()
+    for node in nodes:
+        if node.op != "call_function":
             raise GraphRunError(f"node {node.name}: a {node.op} node; exported graphs have placeholders, "
                                 "call_function nodes and one output")
-    raise GraphRunError("the graph has no output node")
-
-
-# ---------------------------------------------------------------- torch's side of the random ops
-def torch_dropout(node_target: str, args, kwargs, mask_for):
-    """torch's value of a dropout node with the case's mask (``mask_for(shape, p)``), or None if not one."""
-    import torch
-
-    from gradcheck.backends import torch_ops
-
-    args = list(args) + [None] * 8
-    if node_target == "aten.bernoulli.p":
-        x, p = args[0], float(args[1] if args[1] is not None else kwargs.get("p", 0.5))
-        if not 0.0 < p < 1.0:
-            return None
-        return torch.as_tensor(np.asarray(mask_for(tuple(x.shape), 1.0 - p)) != 0, dtype=x.dtype)
-    if node_target in ("aten.native_dropout.default", "aten.dropout.default"):
-        x, p, train = args[0], args[1], args[2] if args[2] is not None else kwargs.get("train", True)
-        if not (train and p):
-            out = x
-            keep = torch.ones_like(x, dtype=torch.bool)
+        if node.target is operator.getitem:
+            env[node] = env[node.args[0]][node.args[1]]
         else:
-            factors = torch.as_tensor(mask_for(tuple(x.shape), float(p)), dtype=x.dtype)
-            out, keep = x * factors, factors != 0
-        return (out, keep) if node_target.startswith("aten.native") else out
-    if node_target == "aten.scaled_dot_product_attention.default":
-        q, k, v = args[:3]
-        attn_mask = args[3] if args[3] is not None else kwargs.get("attn_mask")
-        p = args[4] if args[4] is not None else kwargs.get("dropout_p", 0.0)
-        causal = args[5] if args[5] is not None else kwargs.get("is_causal", False)
-        scale = kwargs.get("scale", args[6])
-        if not p:
-            return None
-        shape = tuple(np.broadcast_shapes(tuple(q.shape[:-2]), tuple(k.shape[:-2]))) + (q.shape[-2], k.shape[-2])
-        return torch_ops.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask,
-                                                      dropout_mask=mask_for(shape, float(p)),
-                                                      is_causal=bool(causal), scale=scale)
-    return None
+            env[node] = _call(graph, node, env, ctx, stack, layer_of)
+        if watch is not None:
+            env[node] = watch(node, env[node])
+    return env
+
+
+def _call(graph, node, env, ctx, stack, layer_of):
+    if node.name in graph.problems:
+        raise UnsupportedOp(graph.problems[node.name])
+    args, kwargs = _arguments(node, env.__getitem__, ctx.floats)
+    missing = _unavailable_in(args, kwargs)
+    op = capture.op_name(node)
+    if missing is not None:
+        raise UnsupportedOp(f"{op} uses {missing.what}, which the lowering does not compute: "
+                            f"{capture.where(node)}")
+    ctx.node, ctx.op = node, op
+    layer = layer_of(node) if layer_of is not None else None
+    if layer is not None:
+        stack.append(layer)  # kink reports name the layer they happen in
+    try:
+        if node.name in graph.constants:
+            with kinks.suspended():
+                return lowering_of(graph, op)(ctx, *args, **kwargs)
+        return lowering_of(graph, op)(ctx, *args, **kwargs)
+    except (KinkMismatch, UnsupportedOp):
+        raise
+    except (LoweringError, BackendOpMissing) as exc:
+        raise UnsupportedOp(f"{exc} ({capture.where(node)}); {capture.WAYS_TO_LOWER.format(op=capture.spelled(op))}"
+                            ) from exc
+    except Exception as exc:
+        raise GraphRunError(f"{op}, {capture.where(node)}: {type(exc).__name__}: {exc}") from exc
+    finally:
+        if layer is not None:
+            stack.pop()
 
 
 # ---------------------------------------------------------------- checking the lowerings
 def verify(graph: capture.Graph, values: dict, mask) -> dict[str, str]:
     """Problems found running every node by torch and by its lowering on torch's inputs (float64)."""
+    import torch
+
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)  # a factory op with no dtype makes the run's floats, as the graph's do
+    try:
+        return _verify(graph, values, mask)
+    finally:
+        torch.set_default_dtype(default)
+
+
+def _verify(graph: capture.Graph, values: dict, mask) -> dict[str, str]:
     import torch
     from torch.fx.node import map_arg
 
@@ -200,16 +205,17 @@ def verify(graph: capture.Graph, values: dict, mask) -> dict[str, str]:
             break
         if node.target is operator.getitem:
             src, i = node.args
-            tenv[node] = tenv[src][i]
+            tenv[node] = tenv[src][i] if tenv[src] is not None else None  # torch could not run the op: nothing
             lo = lenv.get(src)
             lenv[node] = lo[i] if isinstance(lo, (tuple, list)) else None
             continue
         op = capture.op_name(node)
         targs, tkwargs = _torch_arguments(node, tenv)
-        mask_for = lambda shape, p, name=node.name: mask(name, shape, p)  # noqa: E731
         try:
-            tout = torch_dropout(op, targs, tkwargs, mask_for)
-            if tout is None:
+            if node.name in graph.draws.index:  # torch's op with the case's draw, as torch's run gets it
+                tout = randomness.torch_value(node.target, targs, tkwargs,
+                                              lambda kind, shape, name=node.name: mask.draw(name, kind, shape))
+            else:
                 tout = node.target(*targs, **tkwargs)
         except Exception:  # torch cannot run its own op in float64 here: nothing to hold the lowering to
             tout = None
@@ -229,23 +235,54 @@ def verify(graph: capture.Graph, values: dict, mask) -> dict[str, str]:
         nargs, nkwargs = _arguments_from(nargs, nkwargs, ctx.floats)
         ctx.node, ctx.op = node, op
         try:
-            out = LOWERINGS[op](ctx, *nargs, **nkwargs)
-        except (LoweringError, BackendOpMissing) as exc:
-            problems[node.name] = f"{exc} ({capture.where(node)})"
+            out = lowering_of(graph, op)(ctx, *nargs, **nkwargs)
+        except (LoweringError, BackendOpMissing) as exc:  # a form the table does not lower: said as such
+            problems[node.name] = (f"{exc} ({capture.where(node)}); "
+                                   + capture.WAYS_TO_LOWER.format(op=capture.spelled(op)))
             lenv[node] = None
             continue
-        except Exception as exc:
-            problems[node.name] = (f"the lowering of {op} raised {type(exc).__name__}: {exc} "
-                                   f"({capture.where(node)}); this is a bug in gradcheck/export/aten.py")
+        except Exception as exc:  # torch ran the op on these arguments, so the lowering should have: a bug
+            problems[node.name] = (f"the lowering of {op} raised {type(exc).__name__}: {exc}, on arguments torch's "
+                                   f"{op} takes ({capture.where(node)}); this is a bug in gradcheck/export/aten.py")
             lenv[node] = None
             continue
         lenv[node] = out
-        why = None if op in UNINITIALISED else _differ(tout, out)
+        why = None if op in UNINITIALISED else _differ(tout, out, floor=_input_scale(node, tenv))
         if why:
             problems[node.name] = (f"the lowering of {op} disagrees with torch's {op} ({why}), "
-                                   f"{capture.where(node)}; a bug in gradcheck/export/aten.py or an unsupported "
-                                   "form of the op: the tape and jax cannot check this case until it is fixed")
+                                   f"{capture.where(node)}; this is a bug in gradcheck/export/aten.py (a form of "
+                                   "the op it does not lower should raise LoweringError): the tape and jax cannot "
+                                   "check this case until it is fixed")
     return problems
+
+
+def _input_scale(node, tenv) -> float:
+    """The typical magnitude of a node's float inputs, below which its output's rounding noise is not judged.
+
+    A value computed by cancellation, such as BatchNorm's running mean of an
+    already normalised input (9.9e-15 for inputs of size 1), is rounding noise
+    of the inputs' size: two correct kernels that sum in another order differ
+    there by 1e-22, which is 1e-8 of the value itself, and nothing at the
+    inputs' scale.  The typical magnitude (``_typical_magnitude``), not the
+    largest: a mask's sentinel is large and adds no noise.
+    """
+    import torch
+
+    scale = 0.0
+    for n in node.all_input_nodes:
+        v = tenv.get(n)
+        if isinstance(v, torch.Tensor) and v.is_floating_point() and v.numel():
+            scale = max(scale, _typical_magnitude(v.detach().cpu().numpy()))
+    return scale
+
+
+def _typical_magnitude(values: np.ndarray) -> float:
+    """The median of the finite, non-zero magnitudes of ``values`` (a subsample's, for a large tensor), float
+    extremes (a mask filled with finfo.min) left out; 0.0 when there are none."""
+    a = np.abs(values[np.isfinite(values)]).ravel()
+    a = a[:: max(1, a.size // 65536)]
+    a = a[(a > 0) & (a < EXTREME)]
+    return float(np.median(a)) if a.size else 0.0
 
 
 def _torch_arguments(node, tenv):
@@ -289,8 +326,13 @@ def _to_numpy(v):
     return v
 
 
-def _differ(tout, lout, rtol: float = VERIFY_RTOL) -> str | None:
-    """Why a lowering's output differs from torch's (shape, dtype kind, values beyond ``rtol``), or None."""
+def _differ(tout, lout, rtol: float = VERIFY_RTOL, floor: float = 0.0) -> str | None:
+    """Why a lowering's output differs from torch's (shape, dtype, values), or None.
+
+    Values differ beyond ``rtol`` times the larger of torch's largest
+    magnitude and ``floor``, the scale of the op's inputs (``_input_scale``).
+    An integer or bool output must have torch's dtype and equal it exactly.
+    """
     import torch
 
     if isinstance(lout, Unavailable) or lout is None:
@@ -299,7 +341,7 @@ def _differ(tout, lout, rtol: float = VERIFY_RTOL) -> str | None:
         if not isinstance(lout, (tuple, list)) or len(lout) != len(tout):
             return f"torch returns {len(tout)} values, the lowering {type(lout).__name__}"
         for i, (t, lo) in enumerate(zip(tout, lout)):
-            why = _differ(t, lo, rtol)
+            why = _differ(t, lo, rtol, floor)
             if why:
                 return f"output {i}: {why}"
         return None
@@ -310,7 +352,7 @@ def _differ(tout, lout, rtol: float = VERIFY_RTOL) -> str | None:
     if a.shape != t.shape:
         return f"shape {a.shape}, torch's {t.shape}"
     tk, ak = t.dtype.kind, a.dtype.kind
-    if (tk == "f") != (ak == "f"):
+    if (tk == "f") != (ak == "f") or (tk != "f" and a.dtype != t.dtype):
         return f"dtype {a.dtype}, torch's {t.dtype}"
     if tk != "f":
         if not np.array_equal(a.astype(t.dtype), t):
@@ -327,6 +369,7 @@ def _differ(tout, lout, rtol: float = VERIFY_RTOL) -> str | None:
         return None
     err = float(np.max(np.abs(a64[finite] - t64[finite]), initial=0.0))
     scale = float(np.max(np.abs(t64[finite]), initial=0.0))
-    if err > rtol * max(scale, np.finfo(np.float64).tiny):
-        return f"max |difference| {err:.3g} where max |torch| is {scale:.3g}"
+    if err > rtol * max(scale, floor, np.finfo(np.float64).tiny):
+        inputs = f" and its inputs' {floor:.3g}" if floor > scale else ""
+        return f"max |difference| {err:.3g} where max |torch| is {scale:.3g}{inputs}"
     return None
