@@ -39,7 +39,7 @@ import numpy as np
 from gradcheck.results import KinkReport
 
 OPS = frozenset({"relu", "leaky_relu", "elu", "abs", "maximum", "minimum", "max", "min", "max_pool2d",
-                 "greater", "less"})
+                 "greater", "less", "stop_gradient"})
 # Distances from a kink, relative to the scale of the op's input, below which a float32 forward may land on
 # either side (float32's epsilon is 1.2e-7; a deep forward's activations carry errors of 1e-7..1e-5 of
 # their scale) and below which even float64 does (its epsilon is 2.2e-16, times the same depth factor).
@@ -72,9 +72,19 @@ class Branch:
 
 @dataclass
 class Recording:
-    """The branches of one float64 reference forward, in call order."""
+    """The branches of one float64 reference forward, in call order, and the values it held.
+
+    ``held`` are the outputs of the forward's ``stop_gradient`` calls (a
+    torch ``detach``, a padding row, a random draw that depends on a
+    differentiated tensor): a referee pass made with ``hold=`` this recording
+    gets those values back, call by call, so its finite difference is the
+    derivative of the function the backends differentiate, with what the
+    model holds fixed held fixed at the case point.
+    """
 
     branches: list[Branch] = field(default_factory=list)
+    held: list = field(default_factory=list)
+    misheld: int = 0  # a held value this pass could not be given (another call order or shape than the reference)
 
     def reports(self, crossed: dict[str, list[int]]) -> list[KinkReport]:
         """One report per call that came near its kink or that some backend crossed."""
@@ -87,8 +97,11 @@ class Recording:
 
 
 class _State:
-    def __init__(self, mode: str, recording: Recording, layer_of: Callable[[], str], stats: bool = True):
+    def __init__(self, mode: str, recording: Recording, layer_of: Callable[[], str], stats: bool = True,
+                 hold: Recording | None = None):
         self.mode = mode  # "record" or "pin"
+        self.hold = hold  # record: the reference whose held values this pass gets back (a referee pass)
+        self.held_position = 0
         self.stats = stats  # record: measure distances too (the reference forward), or decisions alone
         self.recording = recording
         self.layer_of = layer_of
@@ -106,13 +119,14 @@ def active() -> _State | None:
 
 
 @contextlib.contextmanager
-def recording(layer_of: Callable[[], str] = lambda: "", stats: bool = True):
+def recording(layer_of: Callable[[], str] = lambda: "", stats: bool = True, hold: Recording | None = None):
     """Record the branch of every kink op called (on numpy, in float64) inside the block.
 
-    ``stats=False`` records the decisions alone (the referee's passes only ask whether they changed).
+    ``stats=False`` records the decisions alone (the referee's passes only ask whether they changed);
+    ``hold``, a reference forward's recording, gives each ``stop_gradient`` call the value it held there.
     """
     global _active
-    previous, _active = _active, _State("record", Recording(), layer_of, stats)
+    previous, _active = _active, _State("record", Recording(), layer_of, stats, hold)
     try:
         yield _active.recording
     finally:
@@ -162,6 +176,8 @@ def call(state: _State, name: str, run: Callable, args: tuple, kwargs: dict):
 
     ``run(*args, **kwargs)`` is the op as dispatched (the backend's kernel).
     """
+    if name == "stop_gradient":
+        return _held(state, run, args, kwargs)
     state.depth += 1
     try:
         if state.mode == "record":
@@ -187,13 +203,32 @@ def call(state: _State, name: str, run: Callable, args: tuple, kwargs: dict):
         state.depth -= 1
 
 
+def _held(state: _State, run: Callable, args: tuple, kwargs: dict):
+    """``stop_gradient`` on numpy while recording: keep its value, or, in a pass with ``hold``, give the held one."""
+    from gradcheck.backends import backend_of
+
+    out = run(*args, **kwargs)
+    if state.mode != "record" or backend_of(out) not in ("numpy", None):
+        return out  # a backend's run: its own stop_gradient is what it differentiates
+    if state.hold is None:
+        state.recording.held.append(np.array(out, copy=True))
+        return out
+    i = state.held_position
+    state.held_position += 1
+    held = state.hold.held
+    if i < len(held) and np.shape(held[i]) == np.shape(out):
+        return held[i].copy()
+    state.recording.misheld += 1
+    return out
+
+
 # ---------------------------------------------------------------- recording (numpy, float64)
 def _stats(branch: Branch, distance: np.ndarray, scale: float) -> Branch:
     d = np.abs(np.asarray(distance, np.float64)).ravel()
     branch.elements = int(d.size)
     # Exact ties and exact zeros (relu's zeros meeting in a max-pool window, zero padding) are the same in
     # every precision: no rounding moves them across.
-    d = d[d > 0]
+    d = d[(d > 0) & np.isfinite(d)]  # an infinite distance (a -inf mask against a value) is no kink
     if d.size and scale > 0:
         rel = d / scale
         branch.near = int(np.count_nonzero(rel < FLOAT32_REACH))
@@ -203,7 +238,8 @@ def _stats(branch: Branch, distance: np.ndarray, scale: float) -> Branch:
 
 
 def _scale(*xs) -> float:
-    return max((float(np.max(np.abs(x))) if np.size(x) else 0.0) for x in xs)
+    """The largest finite magnitude among the inputs: an infinity (a mask's -inf) would make every distance 0."""
+    return max((float(np.max(np.abs(x), where=np.isfinite(x), initial=0.0)) if np.size(x) else 0.0) for x in xs)
 
 
 def _float(x) -> np.ndarray:
@@ -413,7 +449,7 @@ def differing(reference: Recording, other: Recording) -> int:
     """How many kink decisions of ``other`` differ from ``reference``'s (calls that do not match count whole)."""
     if len(reference.branches) != len(other.branches):
         return max(1, abs(len(reference.branches) - len(other.branches)))
-    n = 0
+    n = other.misheld  # a held value that could not be given back changes the function like a crossed kink
     for a, b in zip(reference.branches, other.branches):
         if a.op != b.op or a.decision.shape != b.decision.shape:
             n += max(1, a.decision.size)

@@ -76,7 +76,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -163,6 +163,8 @@ class LayerCall:
     forward: list[LeafResult] = field(default_factory=list)  # its outputs and updated buffers
     replayed: bool = False
     dropped: bool = False  # its arrays were let go after judging (``drop``)
+    op: str = ""  # the framework op the call's own code starts with, where the frontend can name it
+    source: str = ""  # where that op is in the user's source, where the frontend can name it
 
     @property
     def name(self) -> str:
@@ -438,7 +440,7 @@ def _layer_referee(rec: LayerCall, leaves: list[LeafResult], names: list[str], r
                          for o, c in zip(_float_arrays(out), rec.cotangent)))
 
     def loss64(replaced):
-        with kinks.recording() as got:
+        with kinks.recording(hold=reference) as got:
             value = float(evaluate(replaced)[0])
         return value, kinks.differing(reference, got)
 
@@ -487,14 +489,27 @@ def localise(cr, runs: dict, res, options) -> Localisation | None:
     return loc
 
 
+@runtime_checkable
+class RecordsItsCalls(Protocol):
+    """A model that records its own calls as replay units (a torch module: its submodule calls in its graph)."""
+
+    def record_calls(self, cr) -> tuple[list[LayerCall], list[str]]: ...
+
+
 def _localise(cr, names, res, rules, keep: bool) -> Localisation:
     t0 = time.perf_counter()
-    calls = record(cr)
-    loc = Localisation(calls=calls, backends=list(names))
-    loc.seconds["record"] = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    cotangents(cr, calls)
-    loc.seconds["cotangents"] = time.perf_counter() - t0
+    if isinstance(cr.model, RecordsItsCalls):
+        calls, notes = cr.model.record_calls(cr)
+        res.notes.extend(notes)
+        loc = Localisation(calls=calls, backends=list(names))
+        loc.seconds["record"] = time.perf_counter() - t0
+    else:
+        calls = record(cr)
+        loc = Localisation(calls=calls, backends=list(names))
+        loc.seconds["record"] = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        cotangents(cr, calls)
+        loc.seconds["cotangents"] = time.perf_counter() - t0
     t0 = time.perf_counter()
     layers = [c for c in calls if c.unit == "layer"]
     _replay(layers, names, rules, keep)
@@ -514,6 +529,10 @@ def _localise(cr, names, res, rules, keep: bool) -> Localisation:
         res.notes.append(f"per-layer replay: {len(replayed)} layers replayed alone on {', '.join(names)}; " + (
             "every layer's own backward and forward agree" if not off else
             "the model agrees, but these layers alone do not: " + ", ".join(f"{c.name} ({c.verdict})" for c in off)))
+        return loc
+    if not replayed:  # no origin can be named from nothing: the model itself is not blamed for it
+        res.notes.append(f"per-layer replay: no layer could be replayed alone on {', '.join(names)}, so no "
+                         "origin is named")
         return loc
     vjp = [c for c in replayed if c.vjp_off()]
     t0 = time.perf_counter()
@@ -556,7 +575,7 @@ def _vjp_origin(c: LayerCall, names) -> Origin:
     which = ", ".join(_short(leaf, c.path) for leaf in off)
     worst = max(off, key=lambda leaf: leaf.headroom)
     kernels = LAYER_KERNELS.get(c.layer)
-    op = LAYER_OPS.get(c.layer, "")
+    op = c.op or LAYER_OPS.get(c.layer, "")
     who = (f"{', '.join(blame)}'s" if blame else "the backends'")
     msg = (f"{c.name} ({c.layer}): {who} own backward of this layer disagrees when it is replayed alone on the "
            f"float64 reference's inputs and output cotangent ({len(off)} of {len(c.grads)} gradients off: {which})"
@@ -565,6 +584,8 @@ def _vjp_origin(c: LayerCall, names) -> Origin:
         msg += f" (the layer's own framework ops: {', '.join(kernels)})"
     if c.unit == "block":
         msg += "; every layer inside it agrees alone, so the code between them (its own __call__) is where it starts"
+    if c.source:
+        msg += f"; {c.source}"
     return Origin(path=c.path, layer=c.layer, kind="vjp", blame=blame, op=op, message=msg)
 
 
@@ -574,8 +595,8 @@ def _forward_origin(c: LayerCall | None, replayed, cr, res) -> Origin:
         blame = sorted({b for leaf in res.leaves if leaf.verdict in OFF for b in leaf.blame}, key=order)
         return Origin(path="", layer=root, kind="vjp", blame=blame, message=(
             f"no layer's own backward or forward disagrees when replayed alone ({len(replayed)} replayed); the "
-            f"disagreement comes from code outside every replayed layer: the model's own __call__ ({root}) or "
-            "the case's forward function"))
+            f"disagreement comes from code outside every replayed layer: the model's own code between its layers "
+            f"({root}'s __call__ or forward) or the case's forward function"))
     off = c.forward_off()
     blame = _blame(off)
     worst = max(off, key=lambda leaf: leaf.headroom)

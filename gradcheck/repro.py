@@ -37,6 +37,7 @@ import json
 import pprint
 import re
 from pathlib import Path
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 
@@ -145,6 +146,9 @@ def _write_one(where: Path, c, loc, res, kind: str) -> Path:
         leaves.append({"name": name, "role": leaf.role, "verdict": leaf.verdict, "blame": list(leaf.blame),
                        "reference": reference, "message": leaf.message,
                        "rtol": tol.rtol if tol else 1e-7, "atol": tol.atol if tol else 0.0})
+    unit = getattr(c.module, "_unit", None)
+    if isinstance(unit, WritesItsReplay):  # a frontend's call (a torch submodule): it writes its own replay
+        return _write_frontend(where, c, loc, res, kind, names, arrays, leaves, unit)
     try:
         config, statics = _config(c)
         reason = ""
@@ -168,6 +172,39 @@ def _write_one(where: Path, c, loc, res, kind: str) -> Path:
         if b in SCRIPTS:
             (where / SCRIPTS[b]).write_text(_script(b, c, config, reason), encoding="utf-8")
     (where / "README.md").write_text(_readme(c, meta, names), encoding="utf-8")
+    return where
+
+
+@runtime_checkable
+class WritesItsReplay(Protocol):
+    """A frontend's recorded call that writes its own replay (``export.units.UnitCall``: torch runs the
+    user's submodule, loaded by its import path)."""
+
+    def write_replay(self, where: Path, call) -> dict: ...
+
+
+def _write_frontend(where, c, loc, res, kind, names, arrays, leaves, unit) -> Path:
+    np.savez(where / "layer.npz", **arrays)
+    origin = res.origin
+    meta = {
+        "case": res.name, "seed": res.seed, "path": c.path, "call": c.call, "name": c.name, "layer": c.layer,
+        "kind": kind, "blame": sorted({b for x in leaves for b in x["blame"]}, key=order),
+        "op": origin.op if origin is not None and c is loc.origin_call else "",
+        "message": origin.message if origin is not None and c is loc.origin_call else "",
+        "backends": names, "outputs": len(c.cotangent), "leaves": leaves,
+    }
+    meta.update(unit.write_replay(where, c))
+    (where / "meta.json").write_text(json.dumps(meta, indent=1, default=_json) + "\n", encoding="utf-8")
+    off = [x["name"] for x in leaves if x["verdict"] != "agree"]
+    lines = [f"# {c.name} ({c.layer}) from gradcheck case `{res.name}`", "", meta["message"] or "", "",
+             f"Disagreeing leaves: {', '.join(off) or 'none'}; blamed: {', '.join(meta['blame']) or 'nobody'}.", "",
+             f"`python repro_torch.py` loads `{meta['import_path']}` from `module.pt` (its package must be "
+             "importable), replays this call in float64 with torch alone, with the case's dropout masks and random "
+             "draws, and prints each gradient next to the float64 reference in `layer.npz` (the value of the "
+             "backend the referee or the majority sided with), then a finite difference along a random direction."]
+    if meta.get("unsupported"):
+        lines += ["", f"Note: {meta['unsupported']}."]
+    (where / "README.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
     return where
 
 

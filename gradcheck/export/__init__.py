@@ -30,7 +30,7 @@ def is_torch_module(obj) -> bool:
 
 
 def from_torch(module, *example_inputs, name: str | None = None, mode: str = "train", seed: int = 0,
-               forward=None, dtype: str | None = None, decompose: str = "fused") -> Case:
+               forward=None, dtype: str | None = None, decompose: str = "fused", references: dict | None = None) -> Case:
     """A Case that checks ``module`` at ``example_inputs`` on torch, the tape and jax.
 
     * ``module``: a ``torch.nn.Module``; its current parameter and buffer
@@ -49,6 +49,9 @@ def from_torch(module, *example_inputs, name: str | None = None, mode: str = "tr
       parameter is float64, else float32).
     * ``decompose``: ``fused`` (default: Core ATen with the library functions
       listed in ``capture.PRESERVED`` kept whole) or ``core`` (all of Core ATen).
+    * ``references``: ``{"mylib::fused_gelu": fn}``, a reference function per
+      custom op of the module (its math in ordinary torch ops): torch runs the
+      op itself, the tape and jax run ``fn`` (``gradcheck.export.references``).
 
     Raises ``CaptureError`` with torch's reason and the ways out when
     ``torch.export`` cannot capture the module.
@@ -70,6 +73,9 @@ def from_torch(module, *example_inputs, name: str | None = None, mode: str = "tr
     if mode not in ("train", "eval"):
         raise ValueError(f"from_torch: mode={mode!r}; expected 'train' or 'eval'")
     capture.decomposition_table(decompose)  # checks the name before the (slower) capture
+    from gradcheck.export.references import normalise
+
+    refs = normalise(references)
     # The module is exported where it lives (a CUDA module on CUDA inputs); the case holds numpy copies.
     device = next(iter(list(module.parameters()) + list(module.buffers())), torch.empty(0)).device
     tensors, arrays = [], []
@@ -84,7 +90,7 @@ def from_torch(module, *example_inputs, name: str | None = None, mode: str = "tr
         tensors.append(t)
         arrays.append(t.cpu().numpy().copy())
     label = name or type(module).__name__
-    program = Program(capture._Forward(module, forward), tuple(tensors), decompose, label, device)
+    program = Program(capture._Forward(module, forward), tuple(tensors), decompose, label, device, refs)
     graph = program.graph(mode == "train")  # a module torch.export cannot capture fails here, with torch's reason
     floats = [p.dtype for p in module.parameters() if p.is_floating_point()]
     case_dtype = dtype or ("float64" if floats and all(d == torch.float64 for d in floats) else "float32")
@@ -100,6 +106,13 @@ def from_torch(module, *example_inputs, name: str | None = None, mode: str = "tr
     outputs = program.output_names(mode == "train")
     if len(outputs) > 1:
         notes.append("outputs: " + ", ".join(f"output.{k} = {n}" for k, n in enumerate(outputs)))
+    from gradcheck.export import facts
+
+    if graph.refused:
+        notes.append(graph.refused)
+    for path, kind in program.wrapper.dropped.items():
+        notes.append(f"output {path} ({kind}) is not a tensor: the module's state, not compared")
+    notes += facts.describe(graph)
     for why in graph.problems.values():
         notes.append(f"tape and jax cannot run this graph: {why}")
     return Case(name=label, build=build, inputs=inputs, dtype=case_dtype, mode=mode, seed=seed,
@@ -145,6 +158,13 @@ def _case_or_error(module, inputs, name):
         return Case(name=name, build=build, inputs=lambda rng: (), model=type(module).__name__)
 
 
+def lowering(op):
+    """Lower ``op`` (``"mylib::fused_gelu"``) in ``gradcheck.ops`` for every graph (``export.references.lowering``)."""
+    from gradcheck.export.references import lowering as _lowering
+
+    return _lowering(op)
+
+
 def __getattr__(name):
     # The heavy parts import torch; they load when first named.
     if name in ("CaptureError",):
@@ -158,4 +178,4 @@ def __getattr__(name):
     raise AttributeError(f"module 'gradcheck.export' has no attribute {name!r}")
 
 
-__all__ = ["CaptureError", "GraphRunError", "UnsupportedOp", "as_cases", "from_torch", "is_torch_module"]
+__all__ = ["CaptureError", "GraphRunError", "UnsupportedOp", "as_cases", "from_torch", "is_torch_module", "lowering"]

@@ -23,20 +23,23 @@ dropout takes a given one.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
+from dataclasses import dataclass
 
 import numpy as np
 
 from gradcheck import module as gmodule
 from gradcheck import ops
 from gradcheck.backends import backend_of
-from gradcheck.export import capture, interpreter
+from gradcheck.export import capture, interpreter, randomness
+from gradcheck.export.facts import CaseFacts
 from gradcheck.module import Module, buffer, child, param, static
 from gradcheck.tolerance import ToleranceRules
 from gradcheck.tree import join, leaves_with_paths, owner_of
 
-_RESERVED = frozenset(dir(Module)) | {"training", "_frozen", "_program", "_dropout_seed"}
+_RESERVED = frozenset(dir(Module)) | {"training", "_frozen", "_program", "_dropout_seed", "_unit", "record_calls"}
 
 
 class TorchModule(Module):
@@ -44,19 +47,36 @@ class TorchModule(Module):
 
     _program: object = static()
     _dropout_seed: int = static()
+    _unit: object = static()  # set on a replay's copy: one recorded call of the module (export.units.UnitCall)
 
     def __init__(self):
         raise TypeError("a TorchModule is made by gradcheck.from_torch(module, *inputs), not directly")
 
     def __call__(self, *inputs):
+        if self._unit is not None:
+            return self._unit(self, inputs)
         return self._program.call(self, inputs)
+
+    def record_calls(self, cr) -> list:
+        """Each submodule call as a replay unit, recorded at the case point (``gradcheck.localise``)."""
+        from gradcheck.export import units
+
+        return units.record(self._program, cr)
 
 
 class TorchSubmodule(Module):
-    """One torch submodule's parameters, buffers and children (it is called only through the root)."""
+    """One torch submodule's parameters, buffers and children; called alone only as a replay unit."""
+
+    _unit: object = static()
 
     def __init__(self):
         raise TypeError("a TorchSubmodule is made by gradcheck.from_torch, not directly")
+
+    def __call__(self, *inputs):
+        if self._unit is None:
+            raise TypeError(f"{type(self).__name__} is a part of a torch module's tree; call the root (the case's "
+                            "model), or replay a recorded call (gradcheck.localise)")
+        return self._unit(self, inputs)
 
 
 _classes: dict = {}
@@ -74,28 +94,29 @@ def _node_class(name: str, base: type, fields: tuple[tuple[str, str], ...]) -> t
     return _classes[key]
 
 
-def dropout_seed(seed: int, k: int) -> int:
-    """The seed of the ``k``-th dropout mask of a call (one stream per dropout, from the case's seed)."""
-    return int(np.random.SeedSequence([int(seed), int(k)]).generate_state(1)[0])
-
-
-def dropout_factors(seed: int, k: int, shape, p: float) -> np.ndarray:
-    from gradcheck.layers.dropout import dropout_mask
-
-    return dropout_mask(dropout_seed(seed, k), tuple(shape), float(p))
-
-
 class Program:
     """Everything one ``from_torch`` call captured: the module, its graphs per mode, its outputs' names."""
 
-    def __init__(self, wrapper, example_inputs: tuple, decompose: str, name: str, device=None):
+    def __init__(self, wrapper, example_inputs: tuple, decompose: str, name: str, device=None,
+                 references: dict | None = None):
         self.wrapper = wrapper
+        self.references = references or {}  # custom op -> its reference function (export.references)
         self.device = device  # where the module's own tensors live (the numpy path's torch forward runs there)
         self.example_inputs = example_inputs
         self.decompose = decompose
         self.name = name
         self._graphs: dict[bool, capture.Graph] = {}
         self._outputs: dict[bool, tuple[list[str], list[bool]]] = {}
+        self._watch = None  # (node, value) -> value, while a replay records or probes the graph (``watching``)
+
+    @contextlib.contextmanager
+    def watching(self, watch):
+        """Inside the block the graph's runs pass every node's value through ``watch(node, value)``."""
+        previous, self._watch = self._watch, watch
+        try:
+            yield
+        finally:
+            self._watch = previous
 
     # -- capture, on demand per mode -------------------------------------------
     def graph(self, training: bool) -> capture.Graph:
@@ -104,7 +125,8 @@ class Program:
 
             t0 = time.perf_counter()
             ep = capture.export(self.wrapper, self.example_inputs, training, self.decompose, self.name)
-            graph = capture.read_graph(ep, self.wrapper, len(self.example_inputs), training)
+            graph = capture.read_graph(ep, self.wrapper, len(self.example_inputs), training, self.references,
+                                       self.decompose)
             graph.export_s = time.perf_counter() - t0
             names, floats = capture.example_outputs(self.wrapper, self.example_inputs, training)
             if len(names) != graph.user_outputs:
@@ -198,19 +220,14 @@ class Program:
                 out[name] = inputs[b.index]
         return out
 
-    def _mask(self, root, graph):
-        seed = root._dropout_seed
-
-        def mask(node_name, shape, p):
-            return dropout_factors(seed, graph.dropout_nodes[node_name], shape, p)
-
-        return mask
+    def _mask(self, root, graph) -> CaseFacts:
+        return CaseFacts(root._dropout_seed, graph)
 
     def _call_graph(self, root, graph, values, inputs) -> list:
         floats = _float_dtype(list(values.values()) + list(inputs))
         layer_of = _layers(root) if gmodule._calls is not None else None
         outs = interpreter.run(graph, self._placeholders(graph, values, inputs, floats), floats,
-                               self._mask(root, graph), layer_of)
+                               self._mask(root, graph), layer_of, self._watch)
         user = [None] * graph.user_outputs
         for (kind, target), value in zip(graph.outputs, outs):
             if kind == "output":
@@ -274,32 +291,12 @@ class Program:
         return torch.from_numpy(np.array(v, copy=True)).to(self.device) if isinstance(v, np.ndarray) else v
 
     def _call_torch(self, root, values, inputs, training) -> list:
-        import torch
         from torch.utils import _pytree as pytree
 
         state = {join(capture.ROOT, path): v for path, v in values.items()}
-        # The inputs are the drivers' leaves: an in-place op of the module on an input must not touch them.
-        inputs = tuple(x.clone() if isinstance(x, torch.Tensor) and x.requires_grad else x for x in inputs)
         graph = self.graph(training)
-        was = [m.training for m in self.wrapper.modules()]
-        self.wrapper.train(training)
-        # A module's own float constants (torch.zeros(...), torch.tensor(0.5) in its forward) take the default
-        # dtype, and its casts name a float dtype (T5's and Llama's RMSNorm compute in .to(torch.float32)): in a
-        # float64 run both are float64, as in the graph, whose float dtypes are the run's.
-        default = torch.get_default_dtype()
-        floats = {v.dtype for v in list(state.values()) + list(inputs) if isinstance(v, torch.Tensor)
-                  and v.is_floating_point()}
-        run_dtype = torch.float64 if floats == {torch.float64} else None
-        try:
-            if run_dtype is not None:
-                torch.set_default_dtype(run_dtype)
-            with CaseDropout(root._dropout_seed, graph.dropout_shapes, run_dtype) as mode:
-                out = torch.func.functional_call(self.wrapper, state, inputs, tie_weights=True, strict=False)
-            mode.finish()
-        finally:
-            torch.set_default_dtype(default)
-            for m, flag in zip(self.wrapper.modules(), was):
-                m.training = flag
+        facts = _TorchFacts(root._dropout_seed, graph.draws.expected)
+        out = call_torch(self.wrapper, state, tuple(inputs), {}, training, facts)
         return pytree.tree_leaves(out)
 
     def _call_torch_numpy(self, root, values, inputs, training) -> list:
@@ -315,6 +312,58 @@ class Program:
                 owner, field = owner_of(root, leaf.path)
                 setattr(owner, field, tvalues[leaf.path].cpu().numpy())
         return [v.detach().cpu().numpy() if isinstance(v, torch.Tensor) else v for v in leaves]
+
+
+@dataclass
+class _TorchFacts:
+    """The random draws a torch call makes (dropout's among them), as numbers of the whole graph's."""
+
+    seed: int
+    draws: list  # (op, kind, shape) of each draw it makes, in order
+    draw_indices: list | None = None  # their numbers in the whole graph (None: 0, 1, 2 ...)
+    recorded: dict | None = None  # when given: "random_values" handed out, in order
+
+
+def call_torch(module, state: dict, args: tuple, kwargs: dict, training: bool, facts: _TorchFacts):
+    """``module(*args, **kwargs)`` under torch with ``state`` bound (``functional_call``), as the case runs it.
+
+    In ``training`` mode (restored after), with the case's dropout masks and
+    random draws (``facts``, dropout's among them).  A module's own float constants
+    (``torch.zeros(...)``, ``torch.tensor(0.5)`` in its forward) take the
+    default dtype, and its casts name a float dtype (T5's and Llama's RMSNorm
+    compute in ``.to(torch.float32)``): in a float64 run both are float64, as
+    in the graph, whose float dtypes are the run's.
+    """
+    import torch
+
+    # The inputs are the drivers' leaves: an in-place op of the module on an input must not touch them.
+    clones: dict[int, object] = {}
+
+    def clone(x):
+        if isinstance(x, torch.Tensor) and x.requires_grad:
+            return clones.setdefault(id(x), x.clone())
+        return x
+
+    args = tuple(clone(x) for x in args)
+    kwargs = {k: clone(v) for k, v in kwargs.items()}
+    was = [m.training for m in module.modules()]
+    module.train(training)
+    default = torch.get_default_dtype()
+    floats = {v.dtype for v in list(state.values()) + list(args) + list(kwargs.values())
+              if isinstance(v, torch.Tensor) and v.is_floating_point()}
+    run_dtype = torch.float64 if floats == {torch.float64} else None
+    try:
+        if run_dtype is not None:
+            torch.set_default_dtype(run_dtype)
+        with TorchFunctions(run_dtype), \
+                randomness.CaseRandom(facts.seed, facts.draws, facts.draw_indices, facts.recorded) as draws:
+            out = torch.func.functional_call(module, state, args, kwargs, tie_weights=True, strict=False)
+        draws.finish()
+    finally:
+        torch.set_default_dtype(default)
+        for m, flag in zip(module.modules(), was):
+            m.training = flag
+    return out
 
 
 def _beyond(want: np.ndarray, got: np.ndarray, tol) -> str:
@@ -368,14 +417,12 @@ def _layers(root):
     return lambda fx_node: by_path.get(capture.module_of(fx_node)[0])
 
 
-class CaseDropout:
-    """On torch, the case's dropout masks in place of torch's random ones, in call order; kinks pinned.
+class TorchFunctions:
+    """On torch, the function-level part of the case's run: the run's float dtype, and the pinned kinks.
 
-    A ``TorchFunctionMode``: the ``k``-th ``F.dropout`` that drops anything,
-    or ``F.scaled_dot_product_attention`` with ``dropout_p > 0``, gets mask
-    ``k`` (the graph's ``k``-th dropout node gets the same).  Other random
-    dropouts (``dropout2d``, ``alpha_dropout``) have no graph counterpart
-    that takes a mask, and raise.
+    A ``TorchFunctionMode``.  In a float64 run, every float dtype a call
+    names (``.float()``, ``.to(torch.float32)``, ``dtype=torch.float32``)
+    becomes float64, as in the graph, whose float dtypes are the run's.
 
     While a float32 run is pinned to the float64 reference's kinks
     (``gradcheck.kinks``), relu and max pooling go through ``gradcheck.ops``
@@ -386,9 +433,12 @@ class CaseDropout:
     graph order; a module whose other kink ops (clamp, maximum) are not
     intercepted here misaligns the sequence, which the pin detects
     (``KinkMismatch``), and the run is repeated unpinned with a note.
+
+    (The random draws, dropout's included, are the dispatch level's:
+    ``randomness.CaseRandom``.)
     """
 
-    def __init__(self, seed: int, expected: list, run_dtype=None):
+    def __init__(self, run_dtype=None):
         from torch.overrides import TorchFunctionMode
 
         outer = self
@@ -402,9 +452,6 @@ class CaseDropout:
         state = kinks.active()
         self.pinning = state is not None and state.mode == "pin"
         self._mode = _Mode()
-        self.seed = seed
-        self.expected = expected
-        self.k = 0
         self.run_dtype = run_dtype  # every float dtype a call names becomes this one (None: as the module says)
 
     def __enter__(self):
@@ -414,24 +461,8 @@ class CaseDropout:
     def __exit__(self, *exc):
         return self._mode.__exit__(*exc)
 
-    def _next(self, shape, p):
-        k = self.k
-        if k >= len(self.expected):
-            raise RuntimeError(
-                f"the module ran dropout #{k + 1} (shape {shape}, p={p}) but its exported graph has "
-                f"{len(self.expected)}; the module's forward differs between calls (capture it again)")
-        want, want_p = self.expected[k]
-        if tuple(want) != tuple(shape) or abs(want_p - p) > 1e-12:
-            raise RuntimeError(f"dropout #{k + 1}: the module drops a {tuple(shape)} tensor with p={p}, its graph "
-                               f"a {tuple(want)} one with p={want_p}; the forward differs from the captured one")
-        self.k += 1
-        return dropout_factors(self.seed, k, shape, p)
-
     def _handle(self, func, args, kwargs):
-        import torch
         import torch.nn.functional as F
-
-        from gradcheck.backends import torch_ops
 
         if self.run_dtype is not None:
             if func in _float_casts():
@@ -447,46 +478,7 @@ class CaseDropout:
 
                 return max_pool2d_ceil(bound["input"], bound["kernel_size"], bound["stride"] or bound["kernel_size"],
                                        bound["padding"], bool(bound["ceil_mode"]))
-        if func is F.dropout:
-            bound = _bind(("input", "p", "training", "inplace"), (None, 0.5, True, False), args, kwargs)
-            x, p = bound["input"], float(bound["p"])
-            if bound["training"] and p > 0:
-                factors = torch.as_tensor(self._next(tuple(x.shape), p), dtype=x.dtype, device=x.device)
-                return x * factors
-            return func(*args, **kwargs)
-        if func is F.scaled_dot_product_attention:
-            names = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
-            bound = _bind(names, (None, None, None, None, 0.0, False, None, False), args, kwargs)
-            p = float(bound["dropout_p"] or 0.0)
-            if p > 0:
-                q, k = bound["query"], bound["key"]
-                shape = tuple(np.broadcast_shapes(tuple(q.shape[:-2]), tuple(k.shape[:-2]))) + (q.shape[-2],
-                                                                                                 k.shape[-2])
-                return torch_ops.scaled_dot_product_attention(
-                    q, k, bound["value"], attn_mask=bound["attn_mask"], dropout_mask=self._next(shape, p),
-                    is_causal=bool(bound["is_causal"]), scale=bound["scale"])
-            return func(*args, **kwargs)
-        if func is torch.Tensor.bernoulli_:  # DropPath's keep mask: x.new_empty(shape).bernoulli_(keep_prob)
-            bound = _bind(("input", "p", "generator"), (None, 0.5, None), args, kwargs)
-            t, p = bound["input"], bound["p"]
-            if isinstance(p, (int, float)) and 0.0 < p < 1.0:
-                keep = np.asarray(self._next(tuple(t.shape), 1.0 - float(p))) != 0
-                with torch.no_grad():
-                    return t.copy_(torch.as_tensor(keep, dtype=t.dtype, device=t.device))
-            return func(*args, **kwargs)
-        if func in (F.dropout1d, F.dropout2d, F.dropout3d, F.alpha_dropout, F.feature_alpha_dropout):
-            bound = _bind(("input", "p", "training", "inplace"), (None, 0.5, False, False), args, kwargs)
-            if bound["training"] and bound["p"] > 0:
-                raise NotImplementedError(
-                    f"{func.__name__} in training mode: gradcheck gives every backend the same dropout mask, "
-                    "and only F.dropout and attention dropout take one; check the module with mode='eval', or "
-                    "use nn.Dropout")
         return func(*args, **kwargs)
-
-    def finish(self):
-        if self.k != len(self.expected):
-            raise RuntimeError(f"the module ran {self.k} dropouts but its exported graph has {len(self.expected)}; "
-                               "the forward differs from the captured one")
 
 
 @functools.cache

@@ -1,0 +1,393 @@
+"""A user's own torch model, first class: localised inside it, its randomness, its conventions, its custom kernels.
+
+Every behaviour has its negative control: a fault injected on the backend
+the test names (torch through the module's own code, the tape and jax through
+their op modules), with the clean model beside it, asserting the origin and
+the blame exactly.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("jax")
+
+from own_models import ResidualMLP  # noqa: E402
+from torch import nn  # noqa: E402
+
+from gradcheck import ops  # noqa: E402
+from gradcheck.backends import tape_ops  # noqa: E402
+from gradcheck.export import aten, from_torch, lowering  # noqa: E402
+from gradcheck.runner import RunOptions, run_case  # noqa: E402
+
+ALL = ("tape", "torch", "jax")
+
+
+def failing(res) -> str:
+    lines = [f"{leaf.path} [{leaf.role}] {leaf.verdict} blame={leaf.blame}: {leaf.message}"
+             for leaf in res.leaves if leaf.verdict not in ("agree", "vacuous")]
+    return "\n".join(lines + [f"{k}: {v}" for k, v in res.errors.items()] + res.notes)
+
+
+def assert_agree(res):
+    assert not res.errors, failing(res)
+    assert sorted(res.timings) == sorted(ALL), res.unavailable
+    assert not res.unavailable, res.unavailable
+    assert res.verdict == "agree", failing(res)
+
+
+# ---------------------------------------------------------------- localised inside the user's module
+def _mlp_case(odd=3, kind="silu", seed=0):
+    torch.manual_seed(seed)
+    return from_torch(ResidualMLP(odd, kind), torch.randn(5, 12), seed=seed)
+
+
+def _assert_origin(res, path, blame):
+    assert res.verdict == "disagree", failing(res)
+    assert res.origin is not None, failing(res)
+    assert res.origin.path == path and res.origin.layer == "Act" and res.origin.kind == "vjp", res.origin
+    assert res.origin.blame == [blame], res.origin
+    off = [leaf for leaf in res.leaves if leaf.verdict == "disagree"]
+    upstream = [leaf for leaf in off if leaf.path.startswith(("blocks.0.", "blocks.1.", "blocks.2."))]
+    assert upstream and all(leaf.inherited and leaf.blame == [blame] for leaf in upstream), failing(res)
+    downstream = [leaf for leaf in res.leaves if leaf.path.startswith(("blocks.4.", "blocks.5.", "head."))
+                  and leaf.role == "param"]
+    assert downstream and all(leaf.verdict in ("agree", "vacuous") for leaf in downstream), failing(res)
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_a_wrong_autograd_function_is_found_in_its_submodule_and_blamed_on_torch(seed):
+    res = run_case(_mlp_case(kind="wrong", seed=seed))
+    _assert_origin(res, "blocks.3.act", "torch")
+    assert "blocks.3.act (Act)" in res.origin.message and "own_models.py:" in res.origin.message
+    assert any("per-layer replay:" in n and "origin vjp at blocks.3.act" in n for n in res.notes)
+
+
+def test_the_same_model_with_a_correct_function_agrees_submodule_by_submodule():
+    res = run_case(_mlp_case(kind="silu"), RunOptions(per_layer=True))
+    assert_agree(res)
+    assert res.origin is None
+    replay = [n for n in res.notes if n.startswith("per-layer replay:")]
+    assert replay and "every layer's own backward and forward agree" in replay[0], res.notes
+
+
+def test_a_wrong_tape_vjp_inside_one_submodule_is_found_there_and_blamed_on_the_tape(monkeypatch):
+    original = tape_ops.tanh.vjps[0]
+    monkeypatch.setitem(tape_ops.tanh.vjps, 0, lambda g, ans, x: ops.mul(original(g, ans, x), 1.001))
+    res = run_case(_mlp_case(kind="tanh"))
+    _assert_origin(res, "blocks.3.act", "tape")
+
+
+def test_a_wrong_jax_gradient_inside_one_submodule_is_found_there_and_blamed_on_jax(monkeypatch):
+    import jax
+
+    from gradcheck.backends import jax_ops
+
+    @jax.custom_vjp
+    def tanh(x):
+        return jax.numpy.tanh(x)
+
+    tanh.defvjp(lambda x: (jax.numpy.tanh(x), jax.numpy.tanh(x)), lambda y, g: (g * (1 - y * y) * 1.001,))
+    monkeypatch.setattr(jax_ops, "tanh", tanh)
+    res = run_case(_mlp_case(kind="tanh"))
+    _assert_origin(res, "blocks.3.act", "jax")
+
+
+def test_the_root_is_never_named_when_nothing_was_replayed(monkeypatch):
+    from gradcheck.export import units
+
+    monkeypatch.setattr(units, "record", lambda program, cr: ([], ["per-submodule replay: (test) none recorded"]))
+    res = run_case(_mlp_case(kind="wrong"))
+    assert res.verdict == "disagree"
+    assert res.origin is None
+    assert any("no layer could be replayed alone" in n for n in res.notes), res.notes
+
+
+def test_a_reproducer_of_a_torch_origin_replays_it_with_torch_alone(tmp_path):
+    res = run_case(_mlp_case(kind="wrong"), RunOptions(repro=str(tmp_path)))
+    assert res.origin is not None and res.origin.path == "blocks.3.act"
+    folder = tmp_path / "ResidualMLP" / "blocks.3.act"
+    assert sorted(p.name for p in folder.iterdir()) == ["README.md", "call.pt", "layer.npz", "meta.json",
+                                                         "module.pt", "repro_torch.py"]
+    env = dict(os.environ, PYTHONPATH=os.path.dirname(__file__))
+    # gradcheck cannot be imported where the script runs: it needs torch, numpy and the model's own module.
+    blocker = tmp_path / "blocker"
+    blocker.mkdir()
+    (blocker / "gradcheck.py").write_text("raise ImportError('the reproducer must not import gradcheck')\n")
+    env["PYTHONPATH"] = os.pathsep.join([str(blocker), os.path.dirname(__file__)])
+    run = subprocess.run([sys.executable, str(folder / "repro_torch.py")], capture_output=True, text=True, env=env,
+                         cwd=str(tmp_path), timeout=300)
+    assert run.returncode == 1, run.stdout + run.stderr  # torch's backward disagrees with the reference now
+    assert "RESULT input.0 disagree" in run.stdout, run.stdout
+    assert "reference from jax" in run.stdout or "reference from tape" in run.stdout, run.stdout
+
+
+# ---------------------------------------------------------------- a custom kernel and its reference
+@torch.library.custom_op("gctest::fused_gelu", mutates_args=())
+def fused_gelu(x: torch.Tensor) -> torch.Tensor:
+    return nn.functional.gelu(x, approximate="tanh")
+
+
+fused_gelu.register_fake(lambda x: torch.empty_like(x))
+_KERNEL_ERROR = {"factor": 1.0}  # the kernel's backward is off by this factor
+
+
+def _fused_gelu_backward(ctx, g):
+    (x,) = ctx.saved_tensors
+    with torch.enable_grad():
+        xx = x.detach().requires_grad_(True)
+        (gx,) = torch.autograd.grad(nn.functional.gelu(xx, approximate="tanh"), xx, g)
+    return gx * _KERNEL_ERROR["factor"]
+
+
+fused_gelu.register_autograd(_fused_gelu_backward,
+                             setup_context=lambda ctx, inputs, output: ctx.save_for_backward(inputs[0]))
+
+
+class FusedMLP(nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.up = nn.Linear(6, 10)
+        self.down = nn.Linear(10, 3)
+
+    def forward(self, x):
+        return self.down(fused_gelu(self.up(x)))
+
+
+def _gelu_reference(x):
+    return nn.functional.gelu(x, approximate="tanh")
+
+
+@pytest.mark.parametrize("error,blamed", [(1.0, None), (1.001, "torch")])
+def test_a_custom_op_runs_its_reference_on_the_tape_and_jax_and_a_wrong_backward_is_torchs(monkeypatch, error,
+                                                                                           blamed):
+    monkeypatch.setitem(_KERNEL_ERROR, "factor", error)
+    case = from_torch(FusedMLP(), torch.randn(4, 6), references={"gctest::fused_gelu": _gelu_reference})
+    res = run_case(case)
+    if blamed is None:
+        assert_agree(res)
+        return
+    assert sorted(res.timings) == sorted(ALL) and not res.unavailable, res.unavailable  # the tape and jax ran
+    off = [leaf for leaf in res.leaves if leaf.verdict == "disagree"]
+    assert off and all(leaf.blame == ["torch"] for leaf in off), failing(res)
+    assert {leaf.path for leaf in off} == {"up.weight", "up.bias", "input"}, failing(res)
+    assert res.origin is not None and res.origin.op == "gctest::fused_gelu", res.origin
+    assert res.origin.path == "" or res.origin.blame == ["torch"]
+
+
+def test_a_reference_that_computes_something_else_is_caught_before_torch_is_blamed():
+    case = from_torch(FusedMLP(), torch.randn(4, 6),
+                      references={"gctest::fused_gelu": lambda x: nn.functional.gelu(x)})  # exact, not tanh
+    res = run_case(case)
+    why = res.unavailable.get("tape", "")
+    assert "the lowering of gctest.fused_gelu.default disagrees with torch's" in why, res.unavailable
+    assert all(leaf.blame == [] for leaf in res.leaves if leaf.verdict != "agree"), failing(res)
+
+
+def test_an_op_lowered_with_the_public_decorator_runs_on_the_tape_and_jax(monkeypatch):
+    monkeypatch.setitem(_KERNEL_ERROR, "factor", 1.0)
+    monkeypatch.setattr(aten, "LOWERINGS", dict(aten.LOWERINGS))
+    from gradcheck.export import capture, interpreter
+
+    monkeypatch.setattr(capture, "LOWERINGS", aten.LOWERINGS)
+    monkeypatch.setattr(interpreter, "LOWERINGS", aten.LOWERINGS)
+
+    @lowering("gctest::fused_gelu")
+    def _(x):
+        return ops.gelu(x, approximate="tanh")
+
+    assert_agree(run_case(from_torch(FusedMLP(), torch.randn(4, 6))))
+
+
+# ---------------------------------------------------------------- conventions torch declares
+class Tokens(nn.Module):
+    def __init__(self, **kw):
+        super().__init__()
+        torch.manual_seed(0)
+        self.emb = nn.Embedding(10, 6, **kw)
+        with torch.no_grad():
+            self.emb.weight.normal_()  # the padding row too: the convention, not a zero row, must hold it
+        self.lin = nn.Linear(6, 3)
+
+    def forward(self, ids):
+        return torch.tanh(self.lin(self.emb(ids)))
+
+
+IDS = torch.tensor([[1, 2, 2, 3, 1], [4, 1, 5, 2, 9]])
+
+
+@pytest.mark.parametrize("kw,note", [
+    ({"padding_idx": 1}, "row 1 of emb.weight is torch's padding_idx: its gradient is held at zero by convention"),
+    ({"scale_grad_by_freq": True}, "emb.weight: scale_grad_by_freq divides each row's gradient"),
+    ({"padding_idx": 2, "scale_grad_by_freq": True}, "row 2 of emb.weight is torch's padding_idx"),
+    ({"max_norm": 1.0}, "emb.weight: max_norm=1.0 renormalises the rows the batch looks up"),
+    ({"sparse": True}, None),
+])
+def test_an_embedding_convention_is_followed_by_every_backend_and_stated(kw, note):
+    case = from_torch(Tokens(**kw), IDS)
+    if note:
+        assert any(n.startswith(note) for n in case.notes), case.notes
+    assert_agree(run_case(case))
+
+
+def test_a_tape_that_lets_a_gradient_through_the_padding_row_is_blamed_on_the_tape(monkeypatch):
+    # The tape's stop_gradient passes the gradient on: the padding row gets one there alone.
+    monkeypatch.setattr(tape_ops, "stop_gradient", lambda x: ops.add(x, 0.0))
+    res = run_case(from_torch(Tokens(padding_idx=1), IDS))
+    leaf = next(x for x in res.leaves if x.path == "emb.weight")
+    assert leaf.verdict == "disagree" and leaf.blame == ["tape"], failing(res)
+    # The referee holds the padding row fixed: it sides with torch and jax, which follow the convention.
+    assert {c.backend for c in leaf.referee if c.stable and c.agrees} == {"torch", "jax"}, leaf.referee
+
+
+class StraightThrough(nn.Module):
+    """A straight-through estimator: the forward rounds, the gradient passes as if it did not."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.lin = nn.Linear(5, 5)
+
+    def forward(self, x):
+        y = self.lin(x)
+        return y + (torch.round(y * 4) / 4 - y).detach()
+
+
+def test_a_detached_value_is_held_fixed_by_the_referee_too():
+    case = from_torch(StraightThrough(), torch.randn(3, 5))
+    assert any("the forward detaches" in n for n in case.notes), case.notes
+    assert_agree(run_case(case))
+
+
+def test_without_holding_the_detached_value_the_referee_would_measure_another_function(monkeypatch):
+    from gradcheck import kinks
+
+    monkeypatch.setattr(kinks, "_held", lambda state, run, args, kwargs: run(*args, **kwargs))
+    res = run_case(from_torch(StraightThrough(), torch.randn(3, 5)))
+    assert res.verdict != "agree"  # the mechanism is what makes the previous test agree
+
+
+# ---------------------------------------------------------------- the case's randomness
+class DropPath(nn.Module):
+    """timm's DropPath (``drop_path``): ``keep + torch.rand(...)``, floored, per sample."""
+
+    def __init__(self, p):
+        super().__init__()
+        self.p = p
+
+    def forward(self, x):
+        if not self.training or self.p == 0:
+            return x
+        keep = 1 - self.p
+        mask = keep + torch.rand((x.shape[0],) + (1,) * (x.ndim - 1), dtype=x.dtype, device=x.device)
+        mask.floor_()
+        return x.div(keep) * mask
+
+
+class DropPathBlock(nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.lin = nn.Linear(8, 8)
+        self.drop = nn.Dropout(0.2)
+        self.path = DropPath(0.5)
+
+    def forward(self, x):
+        return x + self.path(self.drop(torch.tanh(self.lin(x))))
+
+
+def test_droppath_with_torch_rand_agrees_in_train_mode_and_says_what_was_drawn():
+    case = from_torch(DropPathBlock(), torch.randn(6, 8))
+    assert any("random draws (dropout, rand) come from the case seed" in n for n in case.notes), case.notes
+    res = run_case(case)
+    assert_agree(res)
+    assert not any(leaf.nondeterministic for leaf in res.leaves)
+
+
+def test_without_the_case_draws_torch_draws_its_own_and_is_nondeterministic(monkeypatch):
+    from gradcheck.export import randomness
+
+    monkeypatch.setattr(randomness, "OPS", {})  # no op is the case's: torch's own generator draws
+    monkeypatch.setattr(randomness, "_DROPOUTS", ())
+    res = run_case(from_torch(DropPathBlock(), torch.randn(6, 8)))
+    assert res.verdict != "agree"
+
+
+class EveryDraw(nn.Module):
+    """One of each random op a forward may make; each draw's value reaches the output."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x):
+        x = self.lin(x)
+        y = x + torch.randn_like(x) + torch.rand_like(x) + torch.rand(x.shape) + torch.randn(x.shape)
+        z = torch.empty_like(x).normal_(0, 2) + torch.empty_like(x).uniform_(-1, 1)
+        z = z + torch.empty_like(x).exponential_(2.0)
+        b = torch.bernoulli(torch.sigmoid(x).detach()) + x.new_empty(x.shape).bernoulli_(0.7)
+        i = torch.randint(0, 4, (3,))
+        p = torch.randperm(4)
+        m1 = torch.multinomial(torch.softmax(x[0].detach(), -1), 2)
+        m2 = torch.multinomial(torch.softmax(x.detach(), -1), 3, replacement=True)
+        n = torch.normal(x, 0.5)
+        return y + z * x + b * x + n + x[:, p] + x[:, i].sum() + x[:, m1].sum() + x[:, m2[0]].sum()
+
+
+def test_every_random_op_is_drawn_once_from_the_case_seed():
+    case = from_torch(EveryDraw(), torch.randn(2, 4))
+    assert any(n.startswith("14 random draws") for n in case.notes), case.notes
+    res = run_case(case)
+    assert_agree(res)
+    other = run_case(from_torch(EveryDraw(), torch.randn(2, 4), seed=1))
+    assert_agree(other)
+    assert not np.isclose(res.leaves[0].referee[0].numeric if res.leaves[0].referee else 0.0, 1e9)
+
+
+def test_the_graph_and_torch_get_the_same_draws():
+    case = from_torch(EveryDraw(), torch.randn(2, 4))
+    model = case.build(np.random.default_rng(0))
+    x = case.inputs(np.random.default_rng(0))[0].astype(np.float64)
+    from gradcheck.case import cast_floats
+    from gradcheck.tree import map_leaves
+
+    model64 = cast_floats(model, np.float64)
+    graph_out = np.asarray(model64(x))
+    torch_tree = map_leaves(model64, lambda path, v, kind: torch.from_numpy(np.array(v, copy=True)))
+    torch_out = model._program.call(torch_tree, (torch.from_numpy(x),)).detach().numpy()
+    np.testing.assert_allclose(graph_out, torch_out, rtol=1e-12, atol=1e-12)
+
+
+# ---------------------------------------------------------------- captured at the example point
+class GaussianHead(nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.lin = nn.Linear(4, 4)
+        self.loss = nn.GaussianNLLLoss()
+
+    def forward(self, x, target, var):
+        return self.loss(self.lin(x), target, var)
+
+
+@pytest.mark.parametrize("name", ["batch_norm_momentum_none", "gaussian_nll_loss"])
+def test_what_torch_export_refuses_is_traced_at_the_example_and_checked_on_every_backend(name):
+    torch.manual_seed(0)
+    if name == "batch_norm_momentum_none":
+        module, inputs = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4, momentum=None)), (
+            torch.randn(2, 3, 6, 6),)
+    else:
+        module, inputs = GaussianHead(), (torch.randn(3, 4), torch.randn(3, 4), torch.rand(3, 4) + 0.1)
+    case = from_torch(module, *inputs)
+    note = next(n for n in case.notes if n.startswith("torch.export refused"))
+    assert "traced at the example inputs instead" in note
+    assert ("batchnorm.py" if name.startswith("batch") else "functional.py") in note  # torch's line that branches
+    assert_agree(run_case(case))
