@@ -94,11 +94,15 @@ def _central(loss64, point, direction, h) -> tuple[float, int]:
 
 
 def check(loss64: Callable[[dict], float], point: dict[str, np.ndarray], direction: dict[str, np.ndarray],
-          grads: dict[str, dict[str, np.ndarray]], rtol: float, loss_abs: float = 0.0) -> tuple[list[RefereeCheck], int]:
+          grads: dict[str, dict[str, np.ndarray]], rtol: float, loss_abs: float = 0.0,
+          loss_noise: float = 0.0) -> tuple[list[RefereeCheck], int]:
     """Referee checks along ``direction``, and the float64 forward passes they cost.
 
     ``loss_abs`` is ``sum |r o|`` of the loss at the point (the size of what
-    rounding works on); ``rtol`` a relative floor on the resolution.
+    rounding works on); ``loss_noise`` how far the loss moved when every input
+    moved by a unit roundoff (``gradcheck.conditioning``: the rounding this
+    point amplifies, which a finite difference's numerator carries); ``rtol``
+    a relative floor on the resolution.
     """
     h = min(step_for(point[p]) for p in direction)
     passes = 0
@@ -117,7 +121,7 @@ def check(loss64: Callable[[dict], float], point: dict[str, np.ndarray], directi
         return [], passes
     scale = abs(d1) + 0.1 * norm
     spread = abs(d1 - d2)
-    resolution = SAFETY * max(spread, ROUNDING * EPS * loss_abs / h) + rtol * scale
+    resolution = SAFETY * max(spread, ROUNDING * EPS * loss_abs / h, loss_noise / h) + rtol * scale
     if resolution == 0:
         resolution = EPS
     stable = spread <= UNSTABLE * scale and not (crossed1 or crossed2)

@@ -167,6 +167,9 @@ class LeafResult:
     # backend -> max |a - b| / max |a| between two calls on the same inputs (float32; float64 for a float64-only
     # case), where they differ at all
     nondeterministic: dict[str, float] = field(default_factory=dict)
+    # How far a unit roundoff at every input moves this float64 gradient, relative to its norm (the median over
+    # backends), where it was measured: the backends disagreed, and float64's own reach decided (gradcheck.conditioning)
+    rounding: float = 0.0
     # backend -> why it gave no value for this leaf although it ran (role "hvp": "tape: max_pool2d has no second
     # derivative"); such a backend is neither compared nor blamed on this leaf
     unavailable: dict[str, str] = field(default_factory=dict)

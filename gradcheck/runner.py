@@ -35,7 +35,18 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from gradcheck import cost, kinks, localise, module, ops, repro, second_order, trajectory, verdict
+from gradcheck import (
+    conditioning,
+    cost,
+    kinks,
+    localise,
+    module,
+    ops,
+    repro,
+    second_order,
+    trajectory,
+    verdict,
+)
 from gradcheck import referee as ref
 from gradcheck.backends import get_backend
 from gradcheck.backends.base import BackendUnavailable, all_leaves
@@ -134,6 +145,7 @@ class CaseRun:
         # What rounding in the loss works on: the referee's resolution floor.
         self.loss_abs = float(sum(np.sum(np.abs(np.asarray(o, np.float64) * r)) for o, r in zip(outs, self.cotangents64)))
         self.n_out = len(outs)
+        self._loss_noise: float | None = None
 
     def loss_fn(self, cotangents):
         forward = self.forward
@@ -161,6 +173,17 @@ class CaseRun:
                 setattr(self, attr, localise.restored(getattr(self, attr), before[key], self.prefixes))
         self.model = self.args64[0]
         self.leaves64 = {leaf.path: leaf.value for leaf in all_leaves(self.args64, self.prefixes)}
+
+    def loss_noise(self) -> float:
+        """How far the float64 loss moves when every float leaf moves by a unit roundoff (measured once, two
+        forward passes): the referee's floor for the rounding this point amplifies (gradcheck.conditioning)."""
+        if self._loss_noise is None:
+            self._loss_noise = conditioning.loss_noise(self.loss64, self.float_leaves(), self.case.seed)
+        return self._loss_noise
+
+    def float_leaves(self) -> dict[str, np.ndarray]:
+        """Every float64 array leaf (parameters, buffers, float inputs) by path: what rounding touches."""
+        return {p: v for p, v in self.leaves64.items() if np.asarray(v).dtype.kind == "f"}
 
     def loss64(self, replaced: dict) -> tuple[float, int]:
         """The float64 loss with some leaves replaced, and how many kink decisions differ from the reference's."""
@@ -367,9 +390,16 @@ def _compare(cr: CaseRun, runs: dict[str, BackendRun], options: RunOptions, res:
                     layer=owners.get(leaf.path, ""), scale=scale) for leaf, role, _ in grad_leaves]
     checks = _referee(cr, runs, [j for j in judged if j.verdict != "vacuous"], options, res, owners)
     res.leaves.extend(judged)
+    for leaf in judged:
+        verdict.decide(leaf, names, checks.get(leaf.path))
+    decided = {id(j) for j in judged}
+    for leaf in res.leaves:
+        if leaf.role != "referee" and id(leaf) not in decided:
+            verdict.decide(leaf, names, checks.get(leaf.path))
+    # What still disagrees is held to float64's own reach at this point before anyone is blamed for it.
+    _within_reach(cr, runs, [leaf for leaf in res.leaves if leaf.verdict == "disagree" and leaf.role in _REACHED], res)
     for leaf in res.leaves:
         if leaf.role != "referee":
-            verdict.decide(leaf, names, checks.get(leaf.path))
             # Two float32 calls may differ by a reordered reduction's rounding (an atomic add): what counts is
             # a spread float32's own precision measurement would notice.
             tol = rules.resolve(leaf.path, "float32" if measured else "float64", leaf.layer)
@@ -385,6 +415,52 @@ def _compare(cr: CaseRun, runs: dict[str, BackendRun], options: RunOptions, res:
         res.kinks = cr.kinks.reports({b: r.crossed for b, r in runs.items()})
     if not grad_leaves:
         res.notes.append("no trainable leaf: only forward values were compared")
+
+
+_REACHED = ("param", "input", "output", "buffer")  # the roles whose values the probe reads again
+
+
+def _reached_value(ev, leaf: LeafResult):
+    """The value a leaf compares, from one evaluation: a gradient, a forward output or an updated buffer."""
+    if leaf.role == "output":
+        k = int(leaf.path.split(".")[1]) if "." in leaf.path else 0
+        return _nth_output(ev.value, k)
+    if leaf.role == "buffer":
+        return ev.buffers.get(leaf.path, MISSING)
+    return ev.grads.get(leaf.path, MISSING)
+
+
+def _within_reach(cr: CaseRun, runs: dict[str, BackendRun], leaves: list[LeafResult], res: CaseResult) -> None:
+    """Leaves the backends disagree on, held to float64's reach at this point: each backend's float64 gradient
+    once more with every float leaf moved by a unit roundoff (gradcheck.conditioning).  One more float64
+    evaluation per backend, only when some gradient disagrees."""
+    if not leaves or len(runs) < 2:
+        return
+    moved = conditioning.perturbed(cr.float_leaves(), cr.case.seed)
+    args = [replace_leaves(a, moved, p) for a, p in zip(cr.args64, cr.prefixes)]
+    f64 = cr.loss_fn(cr.cotangents64)
+    spreads: dict[str, dict[str, float]] = {leaf.path: {} for leaf in leaves}
+    for name, run in runs.items():
+        try:
+            ev = get_backend(name).evaluate(f64, args, cr.prefixes)
+        except Exception as exc:  # the probe is a diagnosis: a failure leaves the verdicts as they are
+            res.notes.append(f"float64's reach: {name} failed at the perturbed point ({short_error(exc)})")
+            continue
+        for leaf in leaves:
+            before, after = _reached_value(run.ev64, leaf), _reached_value(ev, leaf)
+            if before is not MISSING and after is not MISSING and before is not None and after is not None:
+                spreads[leaf.path][name] = conditioning.spread(before, after)
+    held = []
+    for leaf in leaves:
+        if conditioning.within_reach(leaf, spreads[leaf.path]):
+            held.append(leaf.path)
+        elif leaf.rounding:  # some pairs were within reach: who is outside it is decided again, with them agreeing
+            verdict.decide(leaf, sorted(runs, key=order), leaf.referee)
+    if held:
+        res.notes.append(f"float64's reach: {len(held)} of {len(leaves)} disagreeing leaves differ by no more "
+                         f"than rounding moves them at this point ({conditioning.SPREAD_FACTOR:g}x a unit roundoff's "
+                         f"effect); they agree within float64's reach ({', '.join(held[:5])}"
+                         f"{', ...' if len(held) > 5 else ''})")
 
 
 def _spread(a, b) -> float:
@@ -461,7 +537,8 @@ def _referee(cr: CaseRun, runs, judged: list[LeafResult], options: RunOptions, r
         _joint_referee(cr, point, dirs, grads, max(rtol(p) for p in point), res)
     out = {}
     for path in chosen:
-        out[path], passes = ref.check(cr.loss64, point, {path: dirs[path]}, grads, rtol(path), cr.loss_abs)
+        out[path], passes = ref.check(cr.loss64, point, {path: dirs[path]}, grads, rtol(path), cr.loss_abs,
+                                      cr.loss_noise())
         res.referee_passes += passes
     return out
 
@@ -478,7 +555,7 @@ def _joint_referee(cr, point, dirs, grads, rtol, res: CaseResult) -> None:
     gradients were held against (one backend ran).  Otherwise the pairs
     compared every leaf, and a note records that the joint direction agrees.
     """
-    checks, passes = ref.check(cr.loss64, point, dirs, grads, rtol, cr.loss_abs)
+    checks, passes = ref.check(cr.loss64, point, dirs, grads, rtol, cr.loss_abs, cr.loss_noise())
     res.referee_passes += passes
     if not checks:
         return

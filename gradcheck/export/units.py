@@ -45,6 +45,8 @@ from gradcheck.tree import leaves_with_paths, owner_of
 # How far a torch argument may sit from the graph value it is matched to, relative to the value's scale:
 # the module's own float64 forward and the graph's differ by rounding alone, many orders below this.
 MATCH_RTOL = 1e-6
+LOOSE_RTOL = 1e-2  # ... and as far as this, where it is the only candidate that close (see _closest)
+AMBIGUOUS = 100.0
 
 
 @dataclass
@@ -178,34 +180,27 @@ def _distance(a: np.ndarray, b: np.ndarray) -> float:
 
 def match(candidates: list, values: dict, tensors: list) -> list[int | None]:
     """For each torch tensor, the index of the candidate node whose recorded value it is (None: no match)."""
-    found = []
-    for t in tensors:
-        best, best_d = None, MATCH_RTOL
-        for j, node in enumerate(candidates):
-            v = values.get(node.name)
-            if v is None:
-                continue
-            d = _distance(np.asarray(t), np.asarray(v))
-            if d <= best_d:
-                best, best_d = j, d
-                if d == 0.0:
-                    break
-        found.append(best)
-    return found
+    arrays = [values.get(node.name) for node in candidates]
+    return [_closest(np.asarray(t), arrays) for t in tensors]
 
 
 def _closest(target: np.ndarray, arrays: list) -> int | None:
-    """The index of the array in ``arrays`` closest to ``target`` within MATCH_RTOL, or None."""
-    best, best_d = None, MATCH_RTOL
-    for i, a in enumerate(arrays):
-        if a is None:
-            continue
-        d = _distance(np.asarray(a), target)
-        if d <= best_d:
-            best, best_d = i, d
-            if d == 0.0:
-                break
-    return best
+    """The index of the array in ``arrays`` that ``target`` is, or None.
+
+    Within MATCH_RTOL of its scale, the closest; further (a point that
+    amplifies float64's rounding, where two forwards of one module differ by
+    1e-4), the closest only while it is unambiguous: within ``LOOSE_RTOL``,
+    and every other candidate ``AMBIGUOUS`` times further away.
+    """
+    distances = sorted((_distance(np.asarray(a), target), i) for i, a in enumerate(arrays) if a is not None)
+    distances = [d for d in distances if np.isfinite(d[0])]
+    if not distances:
+        return None
+    best, index = distances[0]
+    if best <= MATCH_RTOL:
+        return index
+    runner_up = distances[1][0] if len(distances) > 1 else np.inf
+    return index if best <= LOOSE_RTOL and runner_up >= AMBIGUOUS * best else None
 
 
 # ---------------------------------------------------------------- the unit as a layer call

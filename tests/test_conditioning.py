@@ -1,0 +1,135 @@
+"""float64's reach: where a point amplifies rounding, correct backends agree within it, and wrong ones still do not.
+
+The model computes ``sin(gain * (w.x - c))`` with ``c`` the dot product's own
+value at the point: the backends sum ``w.x`` in different orders, and the
+gain carries that rounding (a few 1e-15) into the gradient, 1e-7 of it at
+gain 1e8, past float64's fixed tolerance.  The probe (every input moved by a
+unit roundoff) measures the same spread, and the leaves agree within float64's
+reach.  The negative controls: a gradient 1e-3 wrong on any one backend is far
+outside that reach and is blamed on it; and at gain 1, where the point is
+well-conditioned, a gradient 1e-6 wrong is caught as before.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from gradcheck import conditioning, ops
+from gradcheck.backends import tape_ops
+from gradcheck.case import Case
+from gradcheck.module import Module, param, static
+from gradcheck.runner import RunOptions, run_case
+
+X = np.random.default_rng(7).standard_normal((3, 64))
+
+
+class Cancelling(Module):
+    weight: object = param()
+    offset: float = static()
+    gain: float = static()
+
+    def __call__(self, x):
+        return ops.sin(ops.mul(ops.sub(ops.sum(ops.mul(x, self.weight), axis=-1), self.offset), self.gain))
+
+
+def _case(seed, gain=1e8):
+    def build(rng):
+        w = rng.standard_normal(64)
+        return Cancelling(weight=w, offset=float((X @ w)[0]) + 1e-7, gain=gain)
+
+    return Case(name=f"cancelling x{gain:g}", build=build, inputs=lambda rng: (X.copy(),), dtype="float64", seed=seed)
+
+
+def _available(backend):
+    pytest.importorskip({"tape": "numpy", "torch": "torch", "jax": "jax"}[backend])
+
+
+def _run(seed, gain=1e8, backends=("tape", "torch", "jax")):
+    for b in backends:
+        _available(b)
+    # The finite difference cannot follow sin at a gain of 1e8 within its step: the pairs decide here.
+    return run_case(_case(seed, gain), RunOptions(backends=backends, referee="off"))
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_correct_backends_agree_within_the_reach_float64_has_at_this_point(seed):
+    res = _run(seed)
+    assert res.verdict == "agree", [(x.path, x.verdict, x.message) for x in res.leaves]
+    grads = [x for x in res.leaves if x.role in ("param", "input")]
+    held = [x for x in grads if x.rounding > 0]
+    assert held, "the cross-backend differences should exceed float64's fixed tolerance at gain 1e8"
+    for leaf in held:
+        assert leaf.message.startswith("agrees within float64's reach here: a unit roundoff at the inputs moves")
+        worst = max(leaf.pairs, key=lambda p: p.rel_err_norm)
+        assert worst.rel_err_norm <= conditioning.SPREAD_FACTOR * leaf.rounding
+    assert any(n.startswith("float64's reach:") for n in res.notes)
+
+
+def _wrong_sin(monkeypatch, backend, factor):
+    if backend == "tape":
+        original = tape_ops.sin.vjps[0]
+        monkeypatch.setitem(tape_ops.sin.vjps, 0, lambda g, ans, x: ops.mul(original(g, ans, x), factor))
+    elif backend == "torch":
+        import torch
+
+        from gradcheck.backends import torch_ops
+
+        class Sin(torch.autograd.Function):
+            @staticmethod
+            def forward(ctx, x):
+                ctx.save_for_backward(x)
+                return torch.sin(x)
+
+            @staticmethod
+            def backward(ctx, g):
+                return g * torch.cos(ctx.saved_tensors[0]) * factor
+
+        monkeypatch.setattr(torch_ops, "sin", Sin.apply)
+    else:
+        import jax
+
+        from gradcheck.backends import jax_ops
+
+        @jax.custom_vjp
+        def sin(x):
+            return jax.numpy.sin(x)
+
+        sin.defvjp(lambda x: (jax.numpy.sin(x), x), lambda x, g: (g * jax.numpy.cos(x) * factor,))
+        monkeypatch.setattr(jax_ops, "sin", sin)
+
+
+@pytest.mark.parametrize("backend", ["tape", "torch", "jax"])
+def test_a_wrong_gradient_is_far_outside_that_reach_and_blamed(monkeypatch, backend):
+    _available(backend)
+    _wrong_sin(monkeypatch, backend, 1 + 1e-3)
+    res = _run(0)
+    for path in ("weight", "input"):
+        leaf = next(x for x in res.leaves if x.path == path)
+        assert leaf.verdict == "disagree" and leaf.blame == [backend], (leaf.verdict, leaf.blame, leaf.message)
+
+
+@pytest.mark.parametrize("backend", ["tape", "torch", "jax"])
+def test_at_a_well_conditioned_point_a_small_error_is_still_caught(monkeypatch, backend):
+    _available(backend)
+    clean = _run(0, gain=1.0)
+    assert clean.verdict == "agree" and all(x.rounding == 0 for x in clean.leaves)  # nothing needed the probe
+    _wrong_sin(monkeypatch, backend, 1 + 1e-6)
+    res = _run(0, gain=1.0)
+    leaf = next(x for x in res.leaves if x.path == "weight")
+    assert leaf.verdict == "disagree" and leaf.blame == [backend], (leaf.verdict, leaf.message)
+    assert 0 < leaf.rounding < 1e-12  # measured, and a million times smaller than the error it let stand
+
+
+def test_the_probe_moves_each_element_by_one_ulp_from_the_seed():
+    values = {"a": np.array([1.0, -2.0, 3.0, 0.0]), "b": np.array(4.0)}
+    moved = conditioning.perturbed(values, seed=3)
+    for path, v in values.items():
+        v, m = np.atleast_1d(v), np.atleast_1d(moved[path])
+        up, down = np.nextafter(v, np.inf), np.nextafter(v, -np.inf)
+        nonzero = v != 0
+        assert np.all(((m == up) | (m == down))[nonzero])  # one ulp, up or down
+        assert np.array_equal(m[~nonzero], v[~nonzero])  # an exact zero stays
+    again = conditioning.perturbed(values, seed=3)
+    assert all(np.array_equal(moved[p], again[p]) for p in values)
+    assert not np.array_equal(conditioning.perturbed(values, seed=4)["a"], moved["a"])
