@@ -242,8 +242,8 @@ def model_setup(name: str, batch: int | None = None, input_shape=None, seed: int
 
     from gradcheck import ops
     from gradcheck.case import cast_floats
+    from gradcheck.check.runner import input_prefixes
     from gradcheck.layers.models import MODELS
-    from gradcheck.runner import input_prefixes
 
     spec = MODELS[name]
     rng = np.random.default_rng(seed)

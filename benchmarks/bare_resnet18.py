@@ -65,7 +65,7 @@ def main(argv=None):
         marks[f"torch eager forward+backward, {str(dtype)[6:]}"] = time.perf_counter() - t
 
     from gradcheck import ops
-    from gradcheck.backends.jax_driver import configure_jax
+    from gradcheck.backends.jax.driver import configure_jax
     from gradcheck.tree import leaves_with_paths, map_leaves
 
     configure_jax()  # as the driver: float64 available, highest matmul precision

@@ -83,7 +83,7 @@ def breakdown(model: str) -> dict:
     """Where one in-process ``run_case`` spends its time, by wrapping the runner's stages (timing only)."""
     import numpy as np  # noqa: F401
 
-    from gradcheck import runner
+    from gradcheck.check import runner
     from gradcheck.layers.models import MODELS
 
     spent: dict[str, float] = {}

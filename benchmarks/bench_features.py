@@ -38,8 +38,8 @@ def main(argv=None):
 
     from gradcheck import from_torch
     from gradcheck.case import materialise
+    from gradcheck.check.runner import RunOptions, run_case
     from gradcheck.layers.models import MODELS
-    from gradcheck.runner import RunOptions, run_case
 
     _common.limit_loaded_libraries(THREADS)
     case = MODELS["resnet18"].case()

@@ -66,7 +66,7 @@ def bench_model(name, batch, shape, runs, torch):
 
     from gradcheck.backends import get_backend
     from gradcheck.backends.base import all_leaves
-    from gradcheck.backends.jax_driver import configure_jax
+    from gradcheck.backends.jax.driver import configure_jax
     from gradcheck.tree import map_leaves
 
     model, inputs, r, f, args, prefixes = _common.model_setup(name, batch, shape)
@@ -85,7 +85,7 @@ def bench_model(name, batch, shape, runs, torch):
     extra["jax driver first call (trace + compile)"] = time.perf_counter() - t0
 
     # tape ops / torch ops: the driver's work done once, then only forward + backward.
-    from gradcheck import tape
+    from gradcheck.backends.tape import tape
 
     tape_tensors = {leaf.path: tape.Tensor(leaf.value, requires_grad=leaf.trainable) for leaf in leaves}
     tape_args = [map_leaves(a, lambda path, v, kind: tape_tensors[path], p) for a, p in zip(args, prefixes)]

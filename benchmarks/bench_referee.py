@@ -29,7 +29,7 @@ def main(argv=None):
     p.add_argument("--skip-leaves", action="store_true", help="only the default (auto) mode")
     args = p.parse_args(argv)
 
-    from gradcheck import runner
+    from gradcheck.check import runner
     from gradcheck.layers.models import MODELS
 
     _common.limit_loaded_libraries(THREADS)

@@ -27,7 +27,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _common  # noqa: E402
 
 THREADS = _common.setup_threads()
-# The CLI's plain progress line (gradcheck.cli.Progress): "[3/15] Linear: agree (4 leaves; 2.1s elapsed)".
+# The CLI's plain progress line (gradcheck.app.cli.Progress): "[3/15] Linear: agree (4 leaves; 2.1s elapsed)".
 PROGRESS = re.compile(r"^\[(\d+)/(\d+)\] (.*): (\w+) \((\d+) leaves; ([\d.]+)s elapsed\)$")
 HEADLINE = [["resnet18", "--seed", str(seed)] for seed in (0, 1, 2)] + [["smoke", "layers", "models"]]
 PINNING = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")  # set by some shells: they choose numpy's BLAS kernels

@@ -40,7 +40,7 @@ def main(argv=None):
         for name, python in versions.items():
             with tempfile.TemporaryDirectory() as tmp:
                 t0 = time.perf_counter()
-                done = subprocess.run([*python, "-m", "gradcheck.cli" if name == "earlier version" else "gradcheck",
+                done = subprocess.run([*python, "-m", "gradcheck.app.cli" if name == "earlier version" else "gradcheck",
                                        "run", "layers", "models", "--output", tmp, "-q"],
                                       cwd=tmp, env=env, capture_output=True, text=True)
                 out["versions"][name]["walls"].append(time.perf_counter() - t0)

@@ -16,7 +16,7 @@ __version__ = "0.1.0"
 def __getattr__(name):
     # from_torch on first use: importing gradcheck must not import torch.
     if name == "from_torch":
-        from gradcheck.export import from_torch
+        from gradcheck.frontends.torch import from_torch
 
         return from_torch
     raise AttributeError(f"module 'gradcheck' has no attribute {name!r}")

@@ -2,6 +2,6 @@
 
 import sys
 
-from gradcheck.cli import main
+from gradcheck.app.cli import main
 
 sys.exit(main())

@@ -10,7 +10,7 @@ and the test's ``@pytest.mark.gradcheck(...)`` marker, through the context
 variable set around each test, and hands its result to the plugin so that
 one session-wide report holds every check.  Precedence, most specific first:
 the keyword arguments of the call, the marker, the command line, ini options,
-``[tool.gradcheck]`` in ``pyproject.toml``, the defaults (``gradcheck.settings``
+``[tool.gradcheck]`` in ``pyproject.toml``, the defaults (``gradcheck.app.settings``
 reads and checks every layer).
 
 This module imports nothing heavy at import time: the pytest plugin imports
@@ -24,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from gradcheck.settings import NothingToCompare, Settings, from_values, require_comparison
+from gradcheck.app.settings import NothingToCompare, Settings, from_values, require_comparison
 
 
 class GradientsDisagree(AssertionError):
@@ -93,13 +93,13 @@ def check_gradients(model, *inputs, forward=None, loss=None, backends=None, rtol
 
     See :func:`assert_gradients_agree` for the arguments.  Raises
     :class:`GradientsDisagree` only when the backends cannot compare
-    anything (see ``gradcheck.settings.require_comparison``).
+    anything (see ``gradcheck.app.settings.require_comparison``).
     """
     __tracebackhide__ = True
-    from gradcheck import export
     from gradcheck.case import Case
+    from gradcheck.check.runner import run_case
+    from gradcheck.frontends import torch as export
     from gradcheck.module import Module
-    from gradcheck.runner import run_case
 
     torch_module = export.is_torch_module(model)
     if not torch_module and not isinstance(model, Module):
@@ -150,7 +150,7 @@ def check_gradients(model, *inputs, forward=None, loss=None, backends=None, rtol
 def run_suite_case(case, ctx: CheckContext | None = None):
     """Run a ready-made Case under a context's settings (suites collected as pytest items)."""
     __tracebackhide__ = True
-    from gradcheck.runner import run_case
+    from gradcheck.check.runner import run_case
 
     settings = ctx.settings if ctx else Settings()
     _require_comparison(settings)
@@ -209,9 +209,9 @@ def assert_gradients_agree(model, *inputs, forward=None, loss=None, backends=Non
       :class:`PartialCheck` warning saying which ("checked on torch and the
       referee alone: tape, jax unavailable").
     * ``name``: the case name in reports (default: the test id in pytest).
-    * ``order``: 2 checks Hessian-vector products per leaf too (``gradcheck.second_order``).
+    * ``order``: 2 checks Hessian-vector products per leaf too (``gradcheck.check.second_order``).
     * ``steps``, ``optimizer`` (``sgd``/``adam``), ``lr``: train each backend's copy for ``steps``
-      optimiser steps and compare the trajectories (``gradcheck.trajectory``).
+      optimiser steps and compare the trajectories (``gradcheck.check.trajectory``).
 
     Returns the :class:`gradcheck.results.CaseResult` when the gradients
     agree; raises :class:`GradientsDisagree` (an AssertionError) whose first

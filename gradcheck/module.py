@@ -77,7 +77,7 @@ def current_calls() -> list:
 
 
 # Wraps every module call while set (``intercepting``); None otherwise.  The per-layer replay
-# (gradcheck.localise) records each layer's inputs and outputs with it.
+# (gradcheck.check.localise) records each layer's inputs and outputs with it.
 _around = None
 
 

@@ -1,7 +1,7 @@
 """Standalone reproducers: the origin layer, its data, and one script per backend that needs no gradcheck.
 
 ``write_repro(folder, cr, res)`` writes, for a case whose per-layer replay
-(``gradcheck.localise``) found an origin, a folder::
+(``gradcheck.check.localise``) found an origin, a folder::
 
     <folder>/<case>/<layer path>/
         layer.npz        the layer's inputs, parameters and buffers, the output cotangent, the float64
@@ -42,7 +42,7 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 
 from gradcheck import ops
-from gradcheck.compare import order
+from gradcheck.check.compare import order
 from gradcheck.tree import leaves_with_paths
 
 SCRIPTS = {"torch": "repro_torch.py", "jax": "repro_jax.py", "tape": "repro_tape.py"}
@@ -209,7 +209,7 @@ def _write_frontend(where, c, loc, res, kind, names, arrays, leaves, unit) -> Pa
 
 
 def _nth(value, name):
-    from gradcheck.localise import _float_arrays
+    from gradcheck.check.localise import _float_arrays
 
     arrays = _float_arrays(value)
     k = int(name.split(".")[1]) if "." in name else 0

@@ -128,7 +128,7 @@ class KinkReport:
 
 @dataclass
 class Origin:
-    """Where a model's disagreement starts (per-layer VJP replay, ``gradcheck.localise``).
+    """Where a model's disagreement starts (per-layer VJP replay, ``gradcheck.check.localise``).
 
     ``kind`` is ``vjp`` (that layer's own backward disagrees when it is
     replayed alone on identical inputs and cotangent) or ``forward`` (no
@@ -168,7 +168,7 @@ class LeafResult:
     # case), where they differ at all
     nondeterministic: dict[str, float] = field(default_factory=dict)
     # How far a unit roundoff at every input moves this float64 gradient, relative to its norm (the median over
-    # backends), where it was measured: the backends disagreed, and float64's own reach decided (gradcheck.conditioning)
+    # backends), where it was measured: the backends disagreed, and float64's own reach decided (gradcheck.check.conditioning)
     rounding: float = 0.0
     # backend -> why it gave no value for this leaf although it ran (role "hvp": "tape: max_pool2d has no second
     # derivative"); such a backend is neither compared nor blamed on this leaf
@@ -206,7 +206,7 @@ class Timing:
 
 @dataclass
 class SecondOrder:
-    """How a case's second order was checked (``gradcheck.second_order``); its leaves are ``role == "hvp"``.
+    """How a case's second order was checked (``gradcheck.check.second_order``); its leaves are ``role == "hvp"``.
 
     Each backend's Hessian-vector product ``H v`` (the gradient of ``<grad f, v>``) for one random
     direction ``v`` over every trainable leaf, compared leaf by leaf like first order; the referee is
@@ -223,7 +223,7 @@ class SecondOrder:
 
 @dataclass
 class Trajectory:
-    """N optimiser steps per backend from the same start on the same batches (``gradcheck.trajectory``)."""
+    """N optimiser steps per backend from the same start on the same batches (``gradcheck.check.trajectory``)."""
 
     steps: int = 0
     optimizer: str = "sgd"  # "sgd" or "adam"

@@ -245,7 +245,7 @@ class DrawnLayer:
         return (make_array(self.input_shape, self.input_seed, kink_free=self.kink_free, dtype=self.dtype),)
 
     def case(self, name: str | None = None):
-        """A :class:`gradcheck.case.Case` of this layer (for ``gradcheck.runner.run``)."""
+        """A :class:`gradcheck.case.Case` of this layer (for ``gradcheck.check.runner.run``)."""
         from gradcheck.case import Case
 
         return Case(name or f"{self.config.layer}{self.input_shape}", lambda rng: self.model(),

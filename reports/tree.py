@@ -113,7 +113,7 @@ def _leaf_row(name: str, leaf: LeafResult, anchors: dict[int, str]) -> str:
     f32 = ""
     if f32_flagged(leaf):
         f32 = f'<span class="f32flag" title="float32: {e(", ".join(leaf.float32.imprecise))}">≈ float32</span>'
-    # A leaf that only inherits a wrong layer's error (gradcheck.localise) is greyed: look at the origin.
+    # A leaf that only inherits a wrong layer's error (gradcheck.check.localise) is greyed: look at the origin.
     inherited = " inherited" if getattr(leaf, "inherited", False) else ""
     if inherited:
         blame += '<span class="tmeta" title="disagrees only because a layer after it is wrong">inherited</span>'

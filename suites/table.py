@@ -5,7 +5,7 @@ Conv2d`` selects), a short parameter label, how to build it and how to draw
 its inputs.  ``cases`` turns rows into one ``Case`` each, named
 ``Layer[params]`` (``Conv2d[k3,s2,p1,g2]``).  Each case is checked in
 float64 and measured in float32 (``dtype="float32"``, the default), or
-checked in float64 alone (``dtype="float64"``): see ``gradcheck.verdict``.
+checked in float64 alone (``dtype="float64"``): see ``gradcheck.check.verdict``.
 """
 
 from __future__ import annotations

@@ -18,8 +18,9 @@ in ``CaseResult.unavailable``.
 from __future__ import annotations
 
 from gradcheck import ops
-from gradcheck.backends import get_backend, tape_ops
+from gradcheck.backends import get_backend
 from gradcheck.backends.base import BackendUnavailable
+from gradcheck.backends.tape import ops as tape_ops
 
 FACTOR = 1.01  # 1 % too large: far outside the float64 referee's resolution, far inside plausibility
 REASON = "no lowering for aten.fancy_op.default (a test's stand-in for an unsupported op)"
@@ -37,7 +38,7 @@ def _tape(monkeypatch, factor):
 def _torch(monkeypatch, factor):
     import torch
 
-    from gradcheck.backends import torch_ops
+    from gradcheck.backends.torch import ops as torch_ops
 
     class ScaledGradient(torch.autograd.Function):
         @staticmethod
@@ -56,7 +57,7 @@ def _torch(monkeypatch, factor):
 def _jax(monkeypatch, factor):
     import jax
 
-    from gradcheck.backends import jax_ops
+    from gradcheck.backends.jax import ops as jax_ops
 
     @jax.custom_vjp
     def scaled_gradient(b):

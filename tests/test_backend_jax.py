@@ -18,7 +18,7 @@ import pytest
 
 pytest.importorskip("jax")
 
-from gradcheck.backends.jax_driver import JaxBackend, configure_jax  # noqa: E402
+from gradcheck.backends.jax.driver import JaxBackend, configure_jax  # noqa: E402
 
 jax = configure_jax()
 import jax.numpy as jnp  # noqa: E402
@@ -618,7 +618,7 @@ def test_negative_control_perturbed_value_fails():
 
 
 def test_negative_control_wrong_gradient_fails(monkeypatch):
-    from gradcheck.backends import jax_ops
+    from gradcheck.backends.jax import ops as jax_ops
 
     # Right value, wrong derivative (1 instead of cos x): only a gradient check sees it.
     monkeypatch.setattr(jax_ops, "sin", lambda x: jax.lax.stop_gradient(jnp.sin(x) - x) + x)
@@ -694,7 +694,7 @@ def _counting(fn, counts, name):
 
 
 def test_attention_routes_through_jax_nn_in_float32_and_flax_in_float64(monkeypatch):
-    from gradcheck.backends import jax_ops
+    from gradcheck.backends.jax import ops as jax_ops
 
     counts = {"kernel": 0, "softmax": 0}
     monkeypatch.setattr(jax_ops, "_attention", _counting(jax_ops._attention, counts, "kernel"))
@@ -743,7 +743,7 @@ WRONG_KERNEL_BACKWARDS = [
 @pytest.mark.parametrize("attr, row_id, check", WRONG_KERNEL_BACKWARDS,
                          ids=[f"{a}-{r}" for a, r, _ in WRONG_KERNEL_BACKWARDS])
 def test_negative_control_wrong_kernel_backward_fails(attr, row_id, check, monkeypatch):
-    from gradcheck.backends import jax_ops
+    from gradcheck.backends.jax import ops as jax_ops
 
     r = ROWS_BY_ID[row_id]
     monkeypatch.setattr(jax_ops, attr, wrong_backward(getattr(jax_ops, attr)))

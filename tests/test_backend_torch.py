@@ -24,8 +24,8 @@ torch = pytest.importorskip("torch")
 import gradcheck  # noqa: E402
 from gradcheck import ops  # noqa: E402
 from gradcheck.backends import get_backend  # noqa: E402
-from gradcheck.backends import torch_ops as to  # noqa: E402
-from gradcheck.backends.torch_driver import DEVICE_ENV, TorchBackend  # noqa: E402
+from gradcheck.backends.torch import ops as to  # noqa: E402
+from gradcheck.backends.torch.driver import DEVICE_ENV, TorchBackend  # noqa: E402
 from gradcheck.layers import BatchNorm2d, Chain, Conv2d, Dense  # noqa: E402
 from gradcheck.tree import map_leaves  # noqa: E402
 

@@ -11,9 +11,9 @@ import pytest
 
 import gradcheck.layers as L
 from gradcheck import ops, results
-from gradcheck.backends import tape_ops
+from gradcheck.app.cli import main
+from gradcheck.backends.tape import ops as tape_ops
 from gradcheck.case import Case
-from gradcheck.cli import main
 
 
 def tiny_cases():
@@ -181,12 +181,12 @@ def test_console_script_entry_point_is_installed():
     from importlib.metadata import entry_points
 
     (ep,) = [e for e in entry_points(group="console_scripts") if e.name == "gradcheck"]
-    assert ep.value == "gradcheck.cli:main"
+    assert ep.value == "gradcheck.app.cli:main"
 
 
 def test_importing_gradcheck_does_not_import_torch_or_jax():
     import subprocess
 
-    code = "import gradcheck, gradcheck.layers, gradcheck.cli, sys; print('torch' in sys.modules, 'jax' in sys.modules)"
+    code = "import gradcheck, gradcheck.layers, gradcheck.app.cli, sys; print('torch' in sys.modules, 'jax' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.split() == ["False", "False"]

@@ -15,11 +15,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from gradcheck import conditioning, ops
-from gradcheck.backends import tape_ops
+from gradcheck import ops
+from gradcheck.backends.tape import ops as tape_ops
 from gradcheck.case import Case
+from gradcheck.check import conditioning
+from gradcheck.check.runner import RunOptions, run_case
 from gradcheck.module import Module, param, static
-from gradcheck.runner import RunOptions, run_case
 
 X = np.random.default_rng(7).standard_normal((3, 64))
 
@@ -73,7 +74,7 @@ def _wrong_sin(monkeypatch, backend, factor):
     elif backend == "torch":
         import torch
 
-        from gradcheck.backends import torch_ops
+        from gradcheck.backends.torch import ops as torch_ops
 
         class Sin(torch.autograd.Function):
             @staticmethod
@@ -89,7 +90,7 @@ def _wrong_sin(monkeypatch, backend, factor):
     else:
         import jax
 
-        from gradcheck.backends import jax_ops
+        from gradcheck.backends.jax import ops as jax_ops
 
         @jax.custom_vjp
         def sin(x):

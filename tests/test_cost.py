@@ -14,9 +14,10 @@ import pytest
 from faults import wrong_bias_gradient
 
 import gradcheck.layers as L
-from gradcheck import cost, ops, referee
+from gradcheck import ops
 from gradcheck.case import Case
-from gradcheck.runner import JOINT, RunOptions, run_case
+from gradcheck.check import cost, referee
+from gradcheck.check.runner import JOINT, RunOptions, run_case
 
 R = np.random.default_rng(5)
 

@@ -11,12 +11,14 @@ import numpy as np
 import pytest
 
 import gradcheck
-from gradcheck import ops, tape
-from gradcheck.backends import numpy_ops, tape_ops
+from gradcheck import ops
+from gradcheck.backends.numpy import ops as numpy_ops
+from gradcheck.backends.tape import ops as tape_ops
+from gradcheck.backends.tape import tape
+from gradcheck.backends.tape.tape import Tensor
 from gradcheck.layers import Chain, Conv2d, Dense
 from gradcheck.module import Module, param
 from gradcheck.ops import BackendOpMissing, shape_of
-from gradcheck.tape import Tensor
 
 
 def T(*shape):
@@ -116,7 +118,7 @@ def _torch(a):
 
 
 def _jax(a):
-    from gradcheck.backends.jax_driver import configure_jax
+    from gradcheck.backends.jax.driver import configure_jax
 
     pytest.importorskip("jax")
     return configure_jax().numpy.asarray(a)

@@ -21,7 +21,7 @@ torch = pytest.importorskip("torch")
 jax = pytest.importorskip("jax")
 F = torch.nn.functional
 
-from gradcheck.backends.jax_driver import configure_jax  # noqa: E402
+from gradcheck.backends.jax.driver import configure_jax  # noqa: E402
 
 configure_jax()  # float64 jax arrays, as the jax backend runs them
 
@@ -83,7 +83,7 @@ def test_gradients_agree_on_every_backend(name):
 
 
 def test_a_wrong_jax_hardswish_gradient_is_blamed_on_jax(monkeypatch):
-    from gradcheck.backends import jax_ops
+    from gradcheck.backends.jax import ops as jax_ops
 
     @jax.custom_vjp
     def wrong(x):
@@ -116,7 +116,7 @@ PROD_X = np.array([[1.5, 0.0, -2.0, 0.5], [0.0, 1.5, 0.0, 2.0], [0.5, -1.5, 1.2,
 
 def _on_every_backend(fn, x):
     """``fn`` of ``x`` as numpy, jax, tape and torch values, each back as numpy."""
-    from gradcheck.tape import Tensor
+    from gradcheck.backends.tape.tape import Tensor
 
     for backend_x in (x, jax.numpy.asarray(x), Tensor(x), torch.from_numpy(x)):
         yield type(backend_x).__module__, fn(backend_x)
@@ -173,7 +173,7 @@ def _jax_with_a_wrong_gradient(fn, factor=1 + 1e-3):
     ("topk", lambda x: ops.topk(x, 2, axis=1)[0], np.random.default_rng(5).standard_normal((3, 5))),
 ])
 def test_the_new_ops_agree_and_a_wrong_jax_gradient_of_them_is_blamed_on_jax(name, fn, x, monkeypatch):
-    from gradcheck.backends import jax_ops
+    from gradcheck.backends.jax import ops as jax_ops
 
     # The clean case; each run gets a function of its own, so that jax compiles the patched op afresh.
     gradcheck.assert_gradients_agree(L.Lambda(lambda v: fn(v)), x, backends=("tape", "torch", "jax"))
@@ -190,7 +190,7 @@ def test_the_new_ops_agree_and_a_wrong_jax_gradient_of_them_is_blamed_on_jax(nam
 
 
 def test_a_tape_topk_that_picks_the_smallest_is_blamed_on_the_tape(monkeypatch):
-    from gradcheck.backends import tape_ops
+    from gradcheck.backends.tape import ops as tape_ops
 
     original = tape_ops.topk
     monkeypatch.setattr(tape_ops, "topk", lambda x, k, axis=-1, largest=True: original(x, k, axis, not largest))

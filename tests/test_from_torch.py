@@ -20,9 +20,9 @@ from torch import nn  # noqa: E402
 
 from gradcheck import ops  # noqa: E402
 from gradcheck.backends import backend_of  # noqa: E402
-from gradcheck.export import as_cases, aten, from_torch  # noqa: E402
-from gradcheck.export.capture import CaptureError  # noqa: E402
-from gradcheck.runner import RunOptions, run_case  # noqa: E402
+from gradcheck.check.runner import RunOptions, run_case  # noqa: E402
+from gradcheck.frontends.torch import as_cases, aten, from_torch  # noqa: E402
+from gradcheck.frontends.torch.capture import CaptureError  # noqa: E402
 
 ALL = ("tape", "torch", "jax")
 
@@ -247,7 +247,7 @@ def test_custom_function_with_a_wrong_backward_is_blamed_on_torch():
 
 
 def test_a_wrong_tape_lowering_is_blamed_on_the_tape(monkeypatch):
-    from gradcheck.tape import Primitive
+    from gradcheck.backends.tape.tape import Primitive
 
     # A test double: tanh's forward, with a VJP that forgets to square (1 - tanh^2).
     bad = Primitive("bad_tanh", np.tanh).defvjp(lambda g, ans, x: ops.mul(g, ops.sub(1.0, ans)))
@@ -314,8 +314,8 @@ def test_an_op_without_a_lowering_names_itself_its_module_and_line_and_the_other
         assert "test_from_torch.py:" in message and "return _scaled_atan(self.lin(x))" in message
         # The two public ways out, never a file inside the package.
         assert "references={'gctest::scaled_atan': fn}" in message
-        assert "@gradcheck.export.lowering('gctest::scaled_atan')" in message
-        assert "gradcheck/export/aten.py" not in message
+        assert "@gradcheck.frontends.torch.lowering('gctest::scaled_atan')" in message
+        assert "gradcheck/frontends/torch/aten.py" not in message
     # torch still runs, and the referee (on torch's float64 forward) checks it leaf by leaf.
     assert "torch" in res.timings and "torch" not in res.errors
     grads = [leaf for leaf in res.leaves if leaf.role in ("param", "input")]
@@ -480,7 +480,7 @@ def test_assert_gradients_agree_takes_a_torch_module_and_catches_a_wrong_backwar
 
 
 def test_the_cli_runs_a_target_that_returns_a_module_and_its_inputs(tmp_path, monkeypatch):
-    from gradcheck import cli
+    from gradcheck.app import cli
 
     (tmp_path / "mychecks.py").write_text(
         "import torch\n"

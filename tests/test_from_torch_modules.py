@@ -22,8 +22,8 @@ from torch import nn  # noqa: E402
 from torch.nn import functional as F  # noqa: E402
 
 from gradcheck import ops  # noqa: E402
-from gradcheck.export import aten, from_torch, interpreter  # noqa: E402
-from gradcheck.runner import RunOptions, run_case  # noqa: E402
+from gradcheck.check.runner import RunOptions, run_case  # noqa: E402
+from gradcheck.frontends.torch import aten, from_torch, interpreter  # noqa: E402
 
 ALL = ("tape", "torch", "jax")
 
@@ -290,7 +290,7 @@ def test_a_graph_that_differs_from_its_module_is_not_run_and_torch_is_not_blamed
 
 
 def test_the_lowering_check_reads_nan_and_infinities_by_position():
-    from gradcheck.export.interpreter import _differ
+    from gradcheck.frontends.torch.interpreter import _differ
 
     assert _differ(torch.tensor([np.nan, np.inf, 1.0]), np.array([np.nan, np.inf, 1.0])) is None
     assert _differ(torch.tensor([np.nan, np.inf]), np.array([np.nan, -np.inf])) == "NaN or infinite entries differ"
@@ -299,7 +299,7 @@ def test_the_lowering_check_reads_nan_and_infinities_by_position():
 
 @pytest.mark.parametrize("size, k, s, p", [(5, 2, 2, 0), (6, 3, 2, 1), (7, 3, 3, 1), (4, 2, 2, 0), (9, 4, 3, 2)])
 def test_max_pool_ceil_mode_is_torchs(size, k, s, p):
-    from gradcheck.export.aten import max_pool2d_ceil
+    from gradcheck.frontends.torch.aten import max_pool2d_ceil
 
     x = np.random.default_rng(size).standard_normal((1, 2, size, size + 1))
     want = F.max_pool2d(torch.from_numpy(x), k, s, p, ceil_mode=True).numpy()
@@ -467,7 +467,7 @@ def test_grouped_query_heads_repeated_in_the_wrong_order_are_caught(monkeypatch)
 
 # ---------------------------------------------------------------- dtypes, rounding and honest messages
 def test_an_integer_result_keeps_torchs_dtype():
-    from gradcheck.export.interpreter import _differ
+    from gradcheck.frontends.torch.interpreter import _differ
 
     # The node-by-node check holds integer results to torch's dtype exactly, not only to being integers.
     assert _differ(torch.tensor([1, 2]), np.array([1, 2], np.int32)) == "dtype int32, torch's int64"
@@ -496,7 +496,7 @@ def test_a_lowering_that_loses_an_integer_dtype_is_cast_back_and_caught_without(
 
 
 def test_rounding_noise_at_the_inputs_scale_does_not_reject_a_lowering():
-    from gradcheck.export.interpreter import _differ
+    from gradcheck.frontends.torch.interpreter import _differ
 
     # Measured on MobileViT: BatchNorm's running mean of an input whose batch mean is cancellation noise.
     t = torch.tensor([9.92e-15, -3.1e-15], dtype=torch.float64)
@@ -571,7 +571,7 @@ def test_an_unsupported_form_is_named_and_a_raising_lowering_is_a_bug(monkeypatc
         assert why.startswith("aten.index_put.default with different values written at one position is not lowered: "
                               "torch keeps one of them, and which one is not defined")
         # The public ways out, never a file inside the package.
-        assert "references={'aten::index_put': fn}" in why and "@gradcheck.export.lowering('aten::index_put')" in why
+        assert "references={'aten::index_put': fn}" in why and "@gradcheck.frontends.torch.lowering('aten::index_put')" in why
         assert why.endswith("or give from_torch a forward= that avoids it") and "gradcheck/export" not in why
         assert "bug" not in why
 
@@ -584,11 +584,11 @@ def test_an_unsupported_form_is_named_and_a_raising_lowering_is_a_bug(monkeypatc
     for why in r.unavailable.values():
         assert why.startswith("the lowering of aten.mul.Tensor raised KeyError: 'a lookup the lowering got wrong', on "
                               "arguments torch's aten.mul.Tensor takes")
-        assert why.endswith("this is a bug in gradcheck/export/aten.py")
+        assert why.endswith("this is a bug in gradcheck/frontends/torch/aten.py")
 
 
 def test_nonzero_is_lowered_for_known_values_and_refused_for_traced_ones():
-    from gradcheck.export.interpreter import Context
+    from gradcheck.frontends.torch.interpreter import Context
 
     mask = np.array([[True, False, True], [False, False, True]])
     lowering = aten.LOWERINGS["aten.nonzero.default"]
@@ -603,6 +603,6 @@ def test_the_einsum_rule_takes_what_torch_takes():
     a, b = np.random.default_rng(0).standard_normal((2, 3, 4)), np.random.default_rng(1).standard_normal((2, 5))
     want = torch.einsum("...ik, ...j -> ij", torch.from_numpy(a), torch.from_numpy(b)).numpy()
     np.testing.assert_allclose(ops.einsum("...ik, ...j -> ij", a, b), want, rtol=1e-13)
-    from gradcheck.tape import Tensor
+    from gradcheck.backends.tape.tape import Tensor
 
     np.testing.assert_allclose(ops.einsum("...ik,...j->ij", Tensor(a), Tensor(b)).value, want, rtol=1e-13)

@@ -14,8 +14,9 @@ from gradcheck.case import cast_floats
 
 jax = pytest.importorskip("jax")
 
-from gradcheck.backends import jax_driver, jax_ops  # noqa: E402  (after the importorskip: it imports jax)
-from gradcheck.backends.jax_driver import JaxBackend  # noqa: E402
+from gradcheck.backends.jax import driver as jax_driver  # noqa: E402  (after the importorskip: it imports jax)
+from gradcheck.backends.jax import ops as jax_ops  # noqa: E402
+from gradcheck.backends.jax.driver import JaxBackend  # noqa: E402
 
 
 def loss(m, x):

@@ -1,4 +1,4 @@
-"""Per-layer VJP replay (gradcheck.localise): a wrong backward injected into one framework for one op deep
+"""Per-layer VJP replay (gradcheck.check.localise): a wrong backward injected into one framework for one op deep
 inside a model is traced to that layer and blamed on that backend; the leaves before it only inherit it;
 a forward difference is told apart from a wrong backward; inputs a backend mutates are reported."""
 
@@ -10,19 +10,22 @@ import numpy as np
 import pytest
 
 import gradcheck.layers as L
-from gradcheck import localise, ops, runner
-from gradcheck.backends import get_backend, tape_ops
+from gradcheck import ops
+from gradcheck.backends import get_backend
 from gradcheck.backends.base import Backend
+from gradcheck.backends.tape import ops as tape_ops
+from gradcheck.backends.tape.tape import Primitive
 from gradcheck.case import Case
+from gradcheck.check import localise, runner
+from gradcheck.check.runner import RunOptions, run_case
 from gradcheck.layers.models import MODELS
 from gradcheck.module import Module, child
-from gradcheck.runner import RunOptions, run_case
-from gradcheck.tape import Primitive
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("jax")
 
-from gradcheck.backends import jax_ops, torch_ops  # noqa: E402  (after the importorskips: they import the frameworks)
+from gradcheck.backends.jax import ops as jax_ops  # noqa: E402  (after the importorskips: they import the frameworks)
+from gradcheck.backends.torch import ops as torch_ops  # noqa: E402
 
 
 def run_localised(monkeypatch, case, options=None, per_layer=False, keep=False):

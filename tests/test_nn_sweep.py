@@ -32,9 +32,9 @@ pytest.importorskip("jax")
 from torch import nn  # noqa: E402
 from torch.nn import functional as F  # noqa: E402
 
-from gradcheck.export import from_torch  # noqa: E402
-from gradcheck.export.capture import CaptureError  # noqa: E402
-from gradcheck.runner import RunOptions, run_case  # noqa: E402
+from gradcheck.check.runner import RunOptions, run_case  # noqa: E402
+from gradcheck.frontends.torch import from_torch  # noqa: E402
+from gradcheck.frontends.torch.capture import CaptureError  # noqa: E402
 
 ALL = ("tape", "torch", "jax")
 MODES = ("train", "eval")

@@ -1,6 +1,6 @@
 """docs/ops.md has one row per op of ``gradcheck.ops``, and no row for anything else.
 
-An op added to ``gradcheck/ops.py`` without a row in the table (what torch,
+An op added to ``gradcheck/ops/__init__.py`` without a row in the table (what torch,
 jax, the tape and the numpy referee run for it) fails here, as does a row
 left behind for an op that was renamed or removed.
 """

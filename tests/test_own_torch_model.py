@@ -22,9 +22,9 @@ from own_models import ResidualMLP  # noqa: E402
 from torch import nn  # noqa: E402
 
 from gradcheck import ops  # noqa: E402
-from gradcheck.backends import tape_ops  # noqa: E402
-from gradcheck.export import aten, from_torch, lowering  # noqa: E402
-from gradcheck.runner import RunOptions, run_case  # noqa: E402
+from gradcheck.backends.tape import ops as tape_ops  # noqa: E402
+from gradcheck.check.runner import RunOptions, run_case  # noqa: E402
+from gradcheck.frontends.torch import aten, from_torch, lowering  # noqa: E402
 
 ALL = ("tape", "torch", "jax")
 
@@ -87,7 +87,7 @@ def test_a_wrong_tape_vjp_inside_one_submodule_is_found_there_and_blamed_on_the_
 def test_a_wrong_jax_gradient_inside_one_submodule_is_found_there_and_blamed_on_jax(monkeypatch):
     import jax
 
-    from gradcheck.backends import jax_ops
+    from gradcheck.backends.jax import ops as jax_ops
 
     @jax.custom_vjp
     def tanh(x):
@@ -100,7 +100,7 @@ def test_a_wrong_jax_gradient_inside_one_submodule_is_found_there_and_blamed_on_
 
 
 def test_the_root_is_never_named_when_nothing_was_replayed(monkeypatch):
-    from gradcheck.export import units
+    from gradcheck.frontends.torch import units
 
     monkeypatch.setattr(units, "record", lambda program, cr: ([], ["per-submodule replay: (test) none recorded"]))
     res = run_case(_mlp_case(kind="wrong"))
@@ -194,7 +194,7 @@ def test_a_reference_that_computes_something_else_is_caught_before_torch_is_blam
 def test_an_op_lowered_with_the_public_decorator_runs_on_the_tape_and_jax(monkeypatch):
     monkeypatch.setitem(_KERNEL_ERROR, "factor", 1.0)
     monkeypatch.setattr(aten, "LOWERINGS", dict(aten.LOWERINGS))
-    from gradcheck.export import capture, interpreter
+    from gradcheck.frontends.torch import capture, interpreter
 
     monkeypatch.setattr(capture, "LOWERINGS", aten.LOWERINGS)
     monkeypatch.setattr(interpreter, "LOWERINGS", aten.LOWERINGS)
@@ -267,7 +267,7 @@ def test_a_detached_value_is_held_fixed_by_the_referee_too():
 
 
 def test_without_holding_the_detached_value_the_referee_would_measure_another_function(monkeypatch):
-    from gradcheck import kinks
+    from gradcheck.check import kinks
 
     monkeypatch.setattr(kinks, "_held", lambda state, run, args, kwargs: run(*args, **kwargs))
     res = run_case(from_torch(StraightThrough(), torch.randn(3, 5)))
@@ -312,7 +312,7 @@ def test_droppath_with_torch_rand_agrees_in_train_mode_and_says_what_was_drawn()
 
 
 def test_without_the_case_draws_torch_draws_its_own_and_is_nondeterministic(monkeypatch):
-    from gradcheck.export import randomness
+    from gradcheck.frontends.torch import randomness
 
     monkeypatch.setattr(randomness, "OPS", {})  # no op is the case's: torch's own generator draws
     monkeypatch.setattr(randomness, "_DROPOUTS", ())

@@ -27,10 +27,10 @@ from faults import REASON, unavailable, wrong_bias_gradient
 import gradcheck
 import gradcheck.layers as L
 from gradcheck import ops, reports, results
+from gradcheck.app.cli import main
 from gradcheck.case import Case
-from gradcheck.cli import main
-from gradcheck.compare import order
-from gradcheck.runner import JOINT, RunOptions, run_case
+from gradcheck.check.compare import order
+from gradcheck.check.runner import JOINT, RunOptions, run_case
 
 pytest_plugins = ["pytester"]
 
@@ -154,7 +154,7 @@ def test_the_joint_direction_agrees_on_a_correct_model_and_blames_a_wrong_vjp(mo
 
 
 def test_one_backend_whose_joint_referee_abstains_compared_nothing_and_says_why(monkeypatch):
-    from gradcheck import referee
+    from gradcheck.check import referee
 
     monkeypatch.setattr(referee, "UNSTABLE", -1.0)  # every finite difference reads as unstable
     r = run_case(CASE, RunOptions(backends=("tape",), referee="joint"))

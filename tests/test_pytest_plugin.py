@@ -17,10 +17,11 @@ import numpy as np
 import pytest
 
 import gradcheck
+import gradcheck.check.runner  # noqa: F401  (imported once here, see below)
 import gradcheck.layers as L
-import gradcheck.runner  # noqa: F401  (imported once here, see below)
 from gradcheck import ops
-from gradcheck.backends import get_backend, tape_ops
+from gradcheck.backends import get_backend
+from gradcheck.backends.tape import ops as tape_ops
 
 pytest_plugins = ["pytester"]
 
@@ -150,7 +151,7 @@ def test_imprecise_reaches_the_case_from_the_call_the_marker_and_the_options(pyt
     pytester.makeini("[pytest]\ngradcheck_imprecise = fail\n")
     make_tests(pytester, '''
         def test_ini(gradcheck):
-            assert gradcheck.settings.imprecise == "fail"
+            assert gradcheck.app.settings.imprecise == "fail"
             assert gradcheck(model(), X).imprecise == "fail"
 
         @pytest.mark.gradcheck(imprecise="warn")
@@ -207,7 +208,7 @@ def test_passing_check_and_the_fixture_follow_the_command_line(pytester):
             assert result.backends == ["tape"] and result.dtype == "float64" and result.seed == 3
 
         def test_fixture(gradcheck):
-            assert gradcheck.settings.backends == ("tape",) and gradcheck.settings.seed == 3
+            assert gradcheck.app.settings.backends == ("tape",) and gradcheck.app.settings.seed == 3
             assert gradcheck(model(), X).verdict == "agree"
             assert gradcheck.check(model(), X, dtype="float32").dtype == "float32"  # the call wins
     ''')
@@ -240,7 +241,7 @@ def test_marker_overrides_the_command_line(pytester):
     make_tests(pytester, '''
         @pytest.mark.gradcheck(backends=["tape"], dtype="float64", seed=5)
         def test_marked(gradcheck):
-            assert gradcheck.settings.backends == ("tape",)
+            assert gradcheck.app.settings.backends == ("tape",)
             result = gradcheck(model(), X)
             assert (result.backends, result.dtype, result.seed) == (["tape"], "float64", 5)
 
@@ -248,10 +249,10 @@ def test_marker_overrides_the_command_line(pytester):
         class TestClass:
             @pytest.mark.gradcheck(seed=8)
             def test_closest_marker_wins(self, gradcheck):
-                assert gradcheck.settings.seed == 8 and gradcheck.settings.backends == ("jax",)
+                assert gradcheck.app.settings.seed == 8 and gradcheck.app.settings.backends == ("jax",)
 
             def test_class_marker(self, gradcheck):
-                assert gradcheck.settings.seed == 7
+                assert gradcheck.app.settings.seed == 7
 
         @pytest.mark.gradcheck(rtl=1e-3)
         def test_typo():
@@ -295,7 +296,7 @@ def test_ini_options_and_usage_errors(pytester):
     pytester.makeini("[pytest]\ngradcheck_backends = tape\ngradcheck_rtol = 0.01\n")
     make_tests(pytester, '''
         def test_ini(gradcheck):
-            assert gradcheck.settings.backends == ("tape",) and gradcheck.settings.rtol == 0.01
+            assert gradcheck.app.settings.backends == ("tape",) and gradcheck.app.settings.rtol == 0.01
     ''')
     pytester.runpytest("-p", "no:cacheprovider").assert_outcomes(passed=1)
     bad = pytester.runpytest("-p", "no:cacheprovider", "--gradcheck-backends", "tape,pytorch")
@@ -317,7 +318,7 @@ def test_pyproject_settings_and_tolerance_rules_apply(pytester):
     ''')
     make_tests(pytester, '''
         def test_settings(gradcheck):
-            assert gradcheck.settings.backends == ("tape",) and gradcheck.settings.seed == 4
+            assert gradcheck.app.settings.backends == ("tape",) and gradcheck.app.settings.seed == 4
             result = gradcheck(model(), X)
             bias = next(leaf for leaf in result.leaves if leaf.path == "1.bias")
             assert "biases are loose here" in bias.tolerance.rule
@@ -390,7 +391,7 @@ def test_a_report_path_that_cannot_be_written_is_refused_before_the_tests_run(py
 
 
 def test_a_report_that_fails_to_be_written_at_the_end_fails_the_session(pytester, monkeypatch):
-    from gradcheck import output
+    from gradcheck.app import output
 
     def broken(path, text):
         raise OSError(28, "No space left on device")
@@ -428,7 +429,7 @@ def test_xdist_workers_send_their_checks_and_the_controller_writes_one_report(py
     make_tests(pytester, '''
         import os
 
-        from gradcheck.pytest_plugin import _STATE
+        from gradcheck.app.pytest_plugin import _STATE
 
         @pytest.mark.parametrize("i", range(8))
         def test_check(i, request):
@@ -505,7 +506,7 @@ def test_failing_suite_case_reports_the_summary_not_a_traceback(pytester, wrong_
 
 def test_builtin_smoke_suite_collects_its_cases(pytester):
     # No skip: the smoke suite is part of gradcheck; if it is gone, this must fail.
-    from gradcheck import targets
+    from gradcheck.app import targets
 
     names = [c.name for c in targets.resolve(["smoke"])]
     result = pytester.runpytest("-p", "no:cacheprovider", "--co", "-q", "--gradcheck-suite", "smoke")

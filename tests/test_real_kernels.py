@@ -14,9 +14,9 @@ from __future__ import annotations
 import pytest
 
 from gradcheck import ops
-from gradcheck.backends import tape_ops
+from gradcheck.backends.tape import ops as tape_ops
+from gradcheck.check.runner import RunOptions, run_case
 from gradcheck.layers.models import MODELS
-from gradcheck.runner import RunOptions, run_case
 
 torch = pytest.importorskip("torch")
 jax = pytest.importorskip("jax")
@@ -120,7 +120,7 @@ def torch_sdpa_query(monkeypatch):
 
 
 def jax_linear_bias(monkeypatch):
-    from gradcheck.backends import jax_ops
+    from gradcheck.backends.jax import ops as jax_ops
 
     original = jax_ops.linear
 

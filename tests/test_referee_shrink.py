@@ -13,10 +13,10 @@ import pytest
 
 import gradcheck.layers as L
 from gradcheck import ops
-from gradcheck import referee as ref
-from gradcheck.backends import tape_ops
+from gradcheck.backends.tape import ops as tape_ops
 from gradcheck.case import Case
-from gradcheck.runner import RunOptions, run_case
+from gradcheck.check import referee as ref
+from gradcheck.check.runner import RunOptions, run_case
 
 H = ref.STEP  # the first step at a point of order one
 SLOPE = 3.0
@@ -115,7 +115,7 @@ def wrong_bias_gradient(monkeypatch):
 
 def crossings(monkeypatch):
     """Record, for every loss the referee evaluates, how many kink decisions it moved."""
-    from gradcheck import runner
+    from gradcheck.check import runner
 
     seen = []
     real = runner.CaseRun.loss64

@@ -246,10 +246,10 @@ def test_report_of_a_real_run_with_a_broken_backend_shows_the_blamed_leaf(browse
     import numpy as np
 
     import gradcheck.layers as L
-    from gradcheck.backends import tape_ops
+    from gradcheck.backends.tape import ops as tape_ops
     from gradcheck.case import Case
+    from gradcheck.check.runner import RunOptions, run_case
     from gradcheck.results import RunResult
-    from gradcheck.runner import RunOptions, run_case
 
     def build(rng):
         return L.Chain(L.Conv2d(2, 3, 3, padding=1, rng=rng), L.BatchNorm2d(3), L.Dense(5, 2, rng=rng))

@@ -16,7 +16,7 @@ import pytest
 import gradcheck.layers as L
 from gradcheck import ops, repro
 from gradcheck.case import Case
-from gradcheck.runner import RunOptions, run_case
+from gradcheck.check.runner import RunOptions, run_case
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("jax")
@@ -30,7 +30,7 @@ from test_localise import (  # noqa: E402  (after the importorskips: it needs to
     torch_batch_norm_wrong_where,
 )
 
-from gradcheck.backends import torch_ops  # noqa: E402  (after the importorskips: it imports torch)
+from gradcheck.backends.torch import ops as torch_ops  # noqa: E402  (after the importorskips: it imports torch)
 
 # Runs each script given, in order, in this one fresh process; gradcheck is made unimportable first.
 BOOT = r"""
@@ -168,7 +168,7 @@ def test_run_case_writes_the_origins_reproducer_when_asked(monkeypatch, tmp_path
 
 
 def test_the_command_line_writes_the_origins_reproducer(monkeypatch, tmp_path):
-    from gradcheck import cli
+    from gradcheck.app import cli
 
     monkeypatch.syspath_prepend(str(Path(__file__).resolve().parent.parent))  # `tests.test_repro` as a target
     monkeypatch.chdir(tmp_path)

@@ -10,12 +10,13 @@ import numpy as np
 import pytest
 
 import gradcheck.layers as L
-from gradcheck import reports, results, second_order
+from gradcheck import reports, results
 from gradcheck.backends import get_backend
 from gradcheck.backends.base import all_leaves
 from gradcheck.case import Case
+from gradcheck.check import second_order
+from gradcheck.check.runner import CaseRun, RunOptions, run, run_case
 from gradcheck.layers.models import MODELS
-from gradcheck.runner import CaseRun, RunOptions, run, run_case
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("jax")
@@ -108,7 +109,7 @@ class _TanhFirstOrderOnly(torch.autograd.Function):
 
 
 def test_a_wrong_second_derivative_is_caught_and_blamed_on_its_backend(monkeypatch):
-    from gradcheck.backends import torch_ops
+    from gradcheck.backends.torch import ops as torch_ops
 
     monkeypatch.setattr(torch_ops, "tanh", _TanhFirstOrderOnly.apply)
     res = run_case(TANH_MLP, RunOptions(order=2))
@@ -126,14 +127,14 @@ def test_a_wrong_second_derivative_is_caught_and_blamed_on_its_backend(monkeypat
 def tanh_first_order_only(monkeypatch, backend):
     """``backend``'s tanh: value and first derivative right, its derivative treating tanh(x) as a constant."""
     if backend == "torch":
-        from gradcheck.backends import torch_ops
+        from gradcheck.backends.torch import ops as torch_ops
 
         monkeypatch.setattr(torch_ops, "tanh", _TanhFirstOrderOnly.apply)
     elif backend == "jax":
         import jax
         import jax.numpy as jnp
 
-        from gradcheck.backends import jax_ops
+        from gradcheck.backends.jax import ops as jax_ops
 
         @jax.custom_jvp
         def tanh(x):
@@ -147,7 +148,7 @@ def tanh_first_order_only(monkeypatch, backend):
         monkeypatch.setattr(jax_ops, "tanh", tanh)
     else:
         from gradcheck import ops
-        from gradcheck.backends import tape_ops
+        from gradcheck.backends.tape import ops as tape_ops
 
         right = tape_ops.tanh.vjps[0]
         monkeypatch.setitem(tape_ops.tanh.vjps, 0, lambda g, ans, x: right(g, ops.stop_gradient(ans), x))
@@ -175,7 +176,7 @@ def test_a_wrong_second_derivative_on_each_backend_is_blamed_on_that_backend(mon
 
 
 def test_one_backend_alone_is_held_against_its_own_referee(monkeypatch):
-    from gradcheck.backends import torch_ops
+    from gradcheck.backends.torch import ops as torch_ops
 
     monkeypatch.setattr(torch_ops, "tanh", _TanhFirstOrderOnly.apply)
     res = run_case(TANH_MLP.with_(dtype="float64"), RunOptions(backends=("torch",), order=2))
@@ -240,7 +241,7 @@ def run_result(*cases):
 
 
 def test_second_order_results_round_trip_and_render(tmp_path, monkeypatch):
-    from gradcheck.backends import torch_ops
+    from gradcheck.backends.torch import ops as torch_ops
 
     monkeypatch.setattr(torch_ops, "tanh", _TanhFirstOrderOnly.apply)
     rr = run([TANH_MLP.with_(dtype="float64")], RunOptions(order=2), results_path=tmp_path / "r.jsonl")
@@ -265,8 +266,9 @@ def test_second_order_results_round_trip_and_render(tmp_path, monkeypatch):
 
 
 def test_order_2_from_the_command_line_config_and_assertion(tmp_path, monkeypatch):
-    from gradcheck import assertions, cli
-    from gradcheck import settings as S
+    from gradcheck import assertions
+    from gradcheck.app import cli
+    from gradcheck.app import settings as S
 
     args = cli.build_parser().parse_args(["run", "mlp", "--order", "2"])
     assert cli.run_settings(args).run_options().order == 2
@@ -293,7 +295,7 @@ def test_the_schema_doc_documents_every_new_field(cls):
 def test_float32_hessian_vector_products_are_pinned_to_the_float64_kinks(monkeypatch):
     from test_verdicts import KINK_CASE
 
-    from gradcheck import kinks
+    from gradcheck.check import kinks
 
     def errors(res):
         return {x.path: x.float32.errors for x in hvp_leaves(res) if x.float32 is not None}

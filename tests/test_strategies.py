@@ -13,7 +13,7 @@ from hypothesis import strategies as st  # noqa: E402
 
 import gradcheck  # noqa: E402
 from gradcheck import strategies as gst  # noqa: E402
-from gradcheck.backends import tape_ops  # noqa: E402
+from gradcheck.backends.tape import ops as tape_ops  # noqa: E402
 
 pytest_plugins = ["pytester"]
 

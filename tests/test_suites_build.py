@@ -12,7 +12,7 @@ import pytest
 
 from gradcheck.backends import get_backend
 from gradcheck.case import Case, materialise
-from gradcheck.runner import DEFAULT_BACKENDS, RunOptions, run_case
+from gradcheck.check.runner import DEFAULT_BACKENDS, RunOptions, run_case
 from gradcheck.suites import SUITES, fuzz_cases
 from gradcheck.suites.inputs import kink_free
 from gradcheck.suites.layers import rows
@@ -44,7 +44,7 @@ def test_layer_case_builds_and_runs(case):
 def test_layers_suite_covers_every_layer_once_checked_in_float64_and_measured_in_float32():
     names = {c.name for c in LAYER_CASES}
     assert len(names) == len(LAYER_CASES)
-    assert {c.dtype for c in LAYER_CASES} == {"float32"}  # float32: both parts (see gradcheck.verdict)
+    assert {c.dtype for c in LAYER_CASES} == {"float32"}  # float32: both parts (see gradcheck.check.verdict)
     assert "Conv2d[k3,s2,p1,g2]" in names and len(names) == len(set(names))
     expected = {
         "Linear", "Conv1d", "Conv2d", "ConvTranspose2d", "ConvTranspose1d", "BatchNorm1d", "BatchNorm2d", "LayerNorm",

@@ -26,9 +26,10 @@ from vjp_check import VjpMismatch, check_second_order, check_vjp
 
 import gradcheck
 import gradcheck.layers as L
-from gradcheck import ops, tape
-from gradcheck.backends import tape_ops
-from gradcheck.tape import Tensor
+from gradcheck import ops
+from gradcheck.backends.tape import ops as tape_ops
+from gradcheck.backends.tape import tape
+from gradcheck.backends.tape.tape import Tensor
 from gradcheck.tree import leaves_with_paths, map_leaves
 
 FIRST_ORDER_ONLY = {"max_pool2d"}  # its VJP routes to the arg-max; no VJP of its own

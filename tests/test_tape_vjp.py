@@ -21,9 +21,10 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 from vjp_check import VjpMismatch, check_vjp
 
-from gradcheck import ops, tape
-from gradcheck.backends import tape_ops
-from gradcheck.tape import Tensor
+from gradcheck import ops
+from gradcheck.backends.tape import ops as tape_ops
+from gradcheck.backends.tape import tape
+from gradcheck.backends.tape.tape import Tensor
 
 SETTINGS = settings(max_examples=examples(15), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -952,7 +953,7 @@ def test_an_integer_input_does_not_blame_the_tape_for_numpys_promotion():
     pytest.importorskip("torch")
     import gradcheck.layers as L
     from gradcheck.case import Case
-    from gradcheck.runner import RunOptions, run_case
+    from gradcheck.check.runner import RunOptions, run_case
 
     case = Case("int input", lambda rng: L.Dense(3, 2, rng=rng),
                 lambda rng: (rng.standard_normal((2, 3)), rng.integers(1, 4, size=(2, 2))),

@@ -34,7 +34,7 @@ assert torch.backends.cudnn.allow_tf32  # the harness's value
 import gradcheck.layers as L
 from gradcheck import ops
 from gradcheck.case import Case
-from gradcheck.runner import RunOptions, run_case
+from gradcheck.check.runner import RunOptions, run_case
 
 seen = []
 

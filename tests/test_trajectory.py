@@ -9,12 +9,13 @@ import numpy as np
 import pytest
 
 import gradcheck.layers as L
-from gradcheck import reports, results, trajectory
+from gradcheck import reports, results
 from gradcheck.backends import get_backend
 from gradcheck.case import Case
+from gradcheck.check import trajectory
+from gradcheck.check.runner import RunOptions, run, run_case
 from gradcheck.layers.models import MODELS
 from gradcheck.reports.text import loss_sentence
-from gradcheck.runner import RunOptions, run, run_case
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("jax")
@@ -218,8 +219,9 @@ def test_trajectory_results_round_trip_and_render(tmp_path, monkeypatch):
 
 
 def test_steps_from_the_command_line_config_and_assertion(tmp_path):
-    from gradcheck import assertions, cli, pytest_plugin
-    from gradcheck import settings as S
+    from gradcheck import assertions
+    from gradcheck.app import cli, pytest_plugin
+    from gradcheck.app import settings as S
 
     args = cli.build_parser().parse_args(["run", "mlp", "--steps", "3", "--optimizer", "adam", "--lr", "1e-3"])
     o = cli.run_settings(args).run_options()

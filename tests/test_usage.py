@@ -19,9 +19,10 @@ from pathlib import Path
 import pytest
 
 import gradcheck
-from gradcheck import runner, targets
+from gradcheck.app import targets
+from gradcheck.app.cli import Progress, main
 from gradcheck.backends import get_backend
-from gradcheck.cli import Progress, main
+from gradcheck.check import runner
 from gradcheck.results import CaseResult, LeafResult, RunResult, dumps
 
 REPO = Path(__file__).resolve().parent.parent
@@ -292,7 +293,7 @@ def test_the_assertion_and_the_command_share_the_rule():
     import numpy as np
 
     import gradcheck.layers as L
-    from gradcheck import settings as S
+    from gradcheck.app import settings as S
 
     with pytest.raises(gradcheck.assertions.GradientsDisagree,
                        match=r"needs two backends, or one backend and the referee.*backends=\('tape',\) with "
@@ -330,7 +331,7 @@ def test_an_interrupted_run_records_what_was_planned(monkeypatch, tmp_path, caps
 
 # ---------------------------------------------------------------- the settings layers
 def test_settings_stack_in_order_and_each_layer_names_its_tolerance_rule():
-    from gradcheck import settings as S
+    from gradcheck.app import settings as S
 
     config = S.from_values({"seed": 3, "rtol": 1e-3, "backends": ["tape", "torch"]}, "pyproject.toml",
                            spell=S.spell_toml, allowed=tuple(S.KEYS))
@@ -356,7 +357,7 @@ def test_settings_stack_in_order_and_each_layer_names_its_tolerance_rule():
     ({"output": "x"}, "unknown setting(s) ['output']"),  # a run's setting, not a check's
 ])
 def test_settings_refuse_what_they_cannot_use(values, needle):
-    from gradcheck import settings as S
+    from gradcheck.app import settings as S
 
     with pytest.raises(S.SettingsError) as info:
         S.from_values(values, "here")
@@ -364,7 +365,7 @@ def test_settings_refuse_what_they_cannot_use(values, needle):
 
 
 def test_the_default_backends_are_the_runners():
-    from gradcheck import settings as S
+    from gradcheck.app import settings as S
 
     assert S.Settings().backends_or_default() == runner.DEFAULT_BACKENDS
 

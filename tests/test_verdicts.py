@@ -10,10 +10,11 @@ import pytest
 
 import gradcheck
 import gradcheck.layers as L
-from gradcheck import kinks, ops, verdict
+from gradcheck import ops
 from gradcheck.case import Case
+from gradcheck.check import kinks, verdict
+from gradcheck.check.runner import RunOptions, run_case
 from gradcheck.results import LeafResult, PairResult, RefereeCheck
-from gradcheck.runner import RunOptions, run_case
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("jax")
@@ -162,7 +163,7 @@ CONV_CASE = Case("conv_relu_bn", conv_relu_bn, lambda rng: (rng.standard_normal(
 @contextlib.contextmanager
 def torch_conv_through_bfloat16():
     """A float32-only defect: torch's float32 convolutions (forward and backward) run in bfloat16."""
-    from gradcheck.backends import torch_ops
+    from gradcheck.backends.torch import ops as torch_ops
 
     original = torch_ops.conv
 

@@ -44,8 +44,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from gradcheck import tape
-from gradcheck.tape import Tensor
+from gradcheck.backends.tape import tape
+from gradcheck.backends.tape.tape import Tensor
 
 EPS64 = np.finfo(np.float64).eps
 ULPS = 64  # rounding steps one forward value may accumulate (conv sums, softmax)

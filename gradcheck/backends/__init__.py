@@ -2,7 +2,7 @@
 
 Backends are named ``tape``, ``torch``, ``jax`` and ``numpy``.  Their op
 implementations live in parallel modules with the same function names
-(``tape_ops``, ``torch_ops``, ``jax_ops``, ``numpy_ops``); torch and jax are
+(``backends/<name>/ops.py``); torch and jax are
 imported only when an array of theirs is seen or their backend is asked for.
 """
 
@@ -17,7 +17,7 @@ _MODULES: dict[str, object] = {}
 
 def _classify(t: type) -> str | None:
     root = t.__module__.split(".")[0]
-    if t.__module__ == "gradcheck.tape" and t.__name__ == "Tensor":
+    if t.__module__ == "gradcheck.backends.tape.tape" and t.__name__ == "Tensor":
         return "tape"
     if root == "torch":
         return "torch"
@@ -65,14 +65,14 @@ def ops_module(name: str):
     try:
         return _MODULES[name]
     except KeyError:
-        module = _MODULES[name] = importlib.import_module(f"gradcheck.backends.{name}_ops")
+        module = _MODULES[name] = importlib.import_module(f"gradcheck.backends.{name}.ops")
         return module
 
 
 _DRIVERS = {
-    "tape": ("gradcheck.backends.tape_driver", "TapeBackend"),
-    "torch": ("gradcheck.backends.torch_driver", "TorchBackend"),
-    "jax": ("gradcheck.backends.jax_driver", "JaxBackend"),
+    "tape": ("gradcheck.backends.tape.driver", "TapeBackend"),
+    "torch": ("gradcheck.backends.torch.driver", "TorchBackend"),
+    "jax": ("gradcheck.backends.jax.driver", "JaxBackend"),
 }
 _INSTANCES: dict[str, object] = {}
 

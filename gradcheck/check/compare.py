@@ -1,0 +1,298 @@
+"""Leaf-by-leaf comparison across backends: structure, finiteness, values; verdict and blame.
+
+For one leaf (a parameter's gradient, an input's gradient, the forward
+output or an updated buffer) each backend gives an array, or nothing.  The
+checks run in this order; a failed check 1 or 2 ends the comparison:
+
+1. structure: every backend gives an array (and none gives one where none is
+   expected), with the same shape and the expected dtype      -> ``structural``
+2. finiteness: no NaN/Inf on any backend                      -> ``nonfinite``
+   (blamed on the backends that have them, unless every backend has them at
+   the same elements: then the function itself is not finite there)
+3. values: every pair within its tolerance                   -> ``disagree``
+4. substance: a parameter's or input's gradient is not ~0 on every backend
+   (relative to the case's largest gradient entry)            -> ``vacuous``
+
+Check 4 overrides check 3: a vacuous leaf's pairs are still compared and
+their numbers recorded, but rounding noise around zero decides nothing.
+Values leave the leaf ``agree`` or ``disagree`` as the pairs say; who is to
+blame is decided afterwards, with the referee's checks, by
+``gradcheck.check.verdict.decide`` (``judge_leaf`` does both).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+
+import numpy as np
+
+from gradcheck.check.tolerance import ResolvedTolerance, ToleranceRules
+from gradcheck.results import LeafResult, PairResult, RefereeCheck
+
+# The order in which backends act as the reference of a pair.
+REFERENCE_ORDER = ("torch", "jax", "tape")
+HIST_EDGES = [float(e) for e in np.arange(-8.0, 4.01, 1.0)]
+WORST_ELEMENTS = 5
+MISSING = object()  # a backend that gave no array for a leaf
+# A gradient this small relative to the largest gradient entry of the case is
+# rounding noise around an exact zero (a bias followed by BatchNorm, a head
+# that the loss ignores): comparing it checks nothing.
+VACUOUS_REL = {"float32": 1e-5, "float64": 1e-11}
+
+
+def order(name: str) -> int:
+    return REFERENCE_ORDER.index(name) if name in REFERENCE_ORDER else len(REFERENCE_ORDER)
+
+
+def pair_stats(a: np.ndarray, b: np.ndarray, tol: ResolvedTolerance, scale: float, backend: str,
+               reference: str) -> PairResult:
+    """How far ``a`` (backend) is from ``b`` (reference).
+
+    The elementwise numbers (mismatched count, max abs/rel and where) are
+    always computed; the verdict and the headroom follow the tolerance's
+    criterion (see ``gradcheck.check.tolerance``).
+    """
+    return _pair(_Operand(a), _Operand(b), tol, scale, backend, reference)[0]
+
+
+def _dot(a: np.ndarray, b: np.ndarray) -> float:
+    """``<a, b>`` of two flat arrays, accumulated in float64 whatever their dtype."""
+    if a.dtype == np.float64 and b.dtype == np.float64:
+        return float(np.dot(a, b))
+    return float(np.einsum("i,i->", a, b, dtype=np.float64))
+
+
+class _Operand:
+    """One backend's array, with the derived arrays the pairs share, each computed once.
+
+    float32 and float64 arrays are compared in their own precision (anything
+    else in float64): the difference of two float32 numbers is exact to 6e-8
+    of itself, which no tolerance comes near, and float32 passes move half
+    the memory of float64 ones.  Sums (norms, inner products) accumulate in
+    float64.  A leaf of ResNet-18 holds up to 2.4 M elements and is compared
+    in three pairs: this is what judging a model costs.
+    """
+
+    def __init__(self, v):
+        v = np.asarray(v)
+        self.v = v if v.dtype in (np.float32, np.float64) else v.astype(np.float64)
+        self._abs = self._norm = None
+
+    @property
+    def abs(self) -> np.ndarray:
+        if self._abs is None:
+            self._abs = np.abs(self.v)
+        return self._abs
+
+    @property
+    def norm(self) -> float:
+        if self._norm is None:
+            flat = self.v.ravel()
+            self._norm = float(np.sqrt(_dot(flat, flat)))
+        return self._norm
+
+
+def _ratio(diff: np.ndarray, allowed: np.ndarray, nonzero: np.ndarray) -> np.ndarray:
+    """|a-b| / allowed elementwise, 0 where a == b (inf where nothing is allowed and they differ)."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.divide(diff, allowed, out=np.zeros_like(diff), where=nonzero)
+
+
+def _pair(a: _Operand, b: _Operand, tol: ResolvedTolerance, scale: float, backend: str,
+          reference: str) -> tuple[PairResult, Callable[[], np.ndarray]]:
+    """The pair's result, and a function giving its elementwise error ratios (for the worst-element table).
+
+    The ratios are materialised only where the verdict needs them (the
+    elementwise criterion) or the leaf shows them (its worst pair).
+    """
+    atol = tol.absolute(scale)
+    diff = np.asarray(a.v - b.v)  # an array even for 0-d leaves (a scalar loss), so it can be written in place
+    flat = diff.ravel()
+    nd = float(np.sqrt(_dot(flat, flat)))
+    np.abs(diff, out=diff)
+    allowed = tol.rtol * b.abs
+    allowed += atol
+    nonzero = diff != 0
+    rel = _ratio(diff, b.abs, nonzero)
+    bad = diff > allowed
+    ratio = _ratio(diff, allowed, nonzero) if tol.criterion != "norm" else None
+    na, nb = a.norm, b.norm
+    out = PairResult(backend=backend, reference=reference, verdict="agree", mismatched=int(np.count_nonzero(bad)),
+                     total=int(diff.size))
+    if diff.size:
+        i = np.unravel_index(int(np.argmax(diff)), diff.shape)
+        out.max_abs, out.max_abs_index = float(diff[i]), [int(k) for k in i]
+        j = np.unravel_index(int(np.argmax(rel)), rel.shape)
+        out.max_rel, out.max_rel_index = float(rel[j]), [int(k) for k in j]
+    out.rel_err_norm = nd / nb if nb > 0 else (0.0 if nd == 0 else float("inf"))
+    out.cosine = _dot(a.v.ravel(), b.v.ravel()) / (na * nb) if na > 0 and nb > 0 else float(na == nb)
+    if tol.criterion == "norm":
+        limit = tol.norm_rtol
+        out.headroom = out.rel_err_norm / limit if limit > 0 else (0.0 if nd == 0 else float("inf"))
+        failed = out.headroom > 1.0
+        what = f"relative error norm {out.rel_err_norm:.3g} > {limit:.3g}"
+    else:
+        out.headroom = float(np.max(ratio)) if diff.size else 0.0
+        failed = out.mismatched > 0
+        what = f"{out.mismatched}/{out.total} elements off"
+    if failed:
+        out.verdict = "disagree"
+        out.message = (f"{backend} vs {reference}: {what}, max abs {out.max_abs:.3g} at {out.max_abs_index}, "
+                       f"max rel {out.max_rel:.3g}, headroom {out.headroom:.3g}")
+    return out, (lambda: ratio) if ratio is not None else (lambda: _ratio(diff, allowed, nonzero))
+
+
+def judge_leaf(path: str, role: str, arrays: dict, *, dtype: str, rules: ToleranceRules, layer: str = "",
+               expect_array: bool = True, referee: list[RefereeCheck] | None = None,
+               case_scale: float = 0.0) -> LeafResult:
+    """Compare one leaf across backends and decide it (``compare_leaf``, then ``verdict.decide``)."""
+    from gradcheck.check import verdict
+
+    leaf = compare_leaf(path, role, arrays, dtype=dtype, rules=rules, layer=layer, expect_array=expect_array,
+                        case_scale=case_scale)
+    return verdict.decide(leaf, sorted(arrays, key=order), referee)
+
+
+def compare_leaf(path: str, role: str, arrays: dict, *, dtype: str, rules: ToleranceRules, layer: str = "",
+                 expect_array: bool = True, case_scale: float = 0.0) -> LeafResult:
+    """Compare one leaf across backends. ``arrays`` maps backend -> array, None or MISSING.
+
+    ``case_scale`` is, for a gradient, the largest gradient entry of the
+    whole case, against which the leaf is judged vacuous (see
+    ``VACUOUS_REL``); for a buffer, the scale of the case's updated buffers,
+    below which its absolute tolerance does not go (see
+    ``runner._buffer_scale``).  The
+    leaf comes back ``agree`` or ``disagree`` as its pairs say (or with the
+    verdict of a failed earlier check); blame is ``verdict.decide``'s.
+    """
+    leaf = LeafResult(path=path, role=role, layer=layer, dtype=dtype)
+    names = sorted(arrays, key=order)
+    given = {n: np.asarray(arrays[n]) for n in names if arrays[n] is not None and arrays[n] is not MISSING}
+    if given:
+        leaf.shape = list(next(iter(given.values())).shape)
+
+    structural = _structure(leaf, names, arrays, given, expect_array, dtype)
+    if structural or not expect_array:
+        return leaf
+
+    finite = {n: np.isfinite(v) if v.dtype.kind in "fc" else np.ones(v.shape, bool) for n, v in given.items()}
+    if not all(f.all() for f in finite.values()):
+        return _nonfinite(leaf, given, finite)
+
+    operands = {n: _Operand(v) for n, v in given.items()}
+    leaf.norms = {n: w.norm for n, w in operands.items()}
+    maxes = sorted(float(np.max(w.abs)) if w.v.size else 0.0 for w in operands.values())
+    scale = maxes[len(maxes) // 2] if len(maxes) % 2 else 0.5 * (maxes[len(maxes) // 2 - 1] + maxes[len(maxes) // 2])
+    if role == "buffer":
+        scale = max(scale, case_scale)
+    base_tol = rules.resolve(path, dtype, layer)
+    leaf.tolerance = base_tol.record(scale)
+    ratios_of = []  # per pair: a function computing its elementwise error ratios
+    for x, y in itertools.combinations(names, 2):
+        backend, reference = (y, x) if order(x) <= order(y) else (x, y)
+        tol = rules.resolve(path, dtype, layer, (backend, reference))
+        pair, ratios = _pair(operands[backend], operands[reference], tol, scale, backend, reference)
+        leaf.pairs.append(pair)
+        ratios_of.append(ratios)
+        if tol.rules != base_tol.rules:
+            leaf.tolerance = tol.record(scale)
+    if leaf.pairs:
+        worst = max(range(len(leaf.pairs)), key=lambda k: leaf.pairs[k].headroom)
+        _attach_worst(leaf, given, leaf.pairs[worst], ratios_of[worst]())
+
+    if role in ("param", "input") and maxes[-1] <= VACUOUS_REL.get(dtype, 0.0) * case_scale:
+        leaf.verdict = "vacuous"
+        leaf.referee = []
+        leaf.message = (f"the gradient is ~0 on every backend (max |g| = {maxes[-1]:.3g}, the case's largest is "
+                        f"{case_scale:.3g}): this leaf checks nothing")
+        return leaf
+    leaf.verdict = "disagree" if any(p.verdict == "disagree" for p in leaf.pairs) else "agree"
+    return leaf
+
+
+def _structure(leaf: LeafResult, names, arrays, given, expect_array, dtype) -> bool:
+    problems, blame = [], []
+    for n in names:
+        v = arrays[n]
+        present = v is not None and v is not MISSING
+        if expect_array and not present:
+            problems.append(f"{n} gives no gradient")
+            blame.append(n)
+        elif not expect_array and present:
+            what = {"buffer": "a buffer", "frozen": "a frozen parameter"}.get(leaf.role, "a non-trainable leaf")
+            problems.append(f"{n} gives a gradient for {what}")
+            blame.append(n)
+    shapes = {n: tuple(v.shape) for n, v in given.items()}
+    if len(set(shapes.values())) > 1:
+        common = max(set(shapes.values()), key=list(shapes.values()).count)
+        for n, s in shapes.items():
+            if s != common:
+                problems.append(f"{n} has shape {s}, others {common}")
+                blame.append(n)
+    for n, v in given.items():
+        if expect_array and v.dtype != np.dtype(dtype) and v.dtype.kind == "f":
+            problems.append(f"{n} has dtype {v.dtype}, expected {dtype}")
+            blame.append(n)
+    if problems:
+        leaf.verdict = "structural"
+        leaf.blame = sorted(set(blame), key=order)
+        leaf.message = "; ".join(problems)
+        return True
+    leaf.verdict = "agree" if expect_array else "skipped"
+    return False
+
+
+def _nonfinite(leaf: LeafResult, given, finite) -> LeafResult:
+    leaf.verdict = "nonfinite"
+    bad = {n: int((~f).sum()) for n, f in finite.items() if not f.all()}
+    if len(bad) == len(given) and len({f.tobytes() for f in finite.values()}) == 1:
+        leaf.message = (f"every backend gives NaN/Inf at the same {next(iter(bad.values()))} element(s): "
+                        "the function itself is not finite here, so this leaf cannot be checked")
+    else:
+        leaf.blame = sorted(bad, key=order)
+        leaf.message = ", ".join(f"{n}: {k} NaN/Inf" for n, k in bad.items()) + " (policy: any NaN/Inf "
+        leaf.message += "where another backend is finite is that backend's fault)"
+    return leaf
+
+
+def _attach_worst(leaf: LeafResult, given, worst: PairResult, ratio: np.ndarray) -> None:
+    """The worst pair's few worst elements (every backend's value there) and its histogram of error ratios."""
+    if not ratio.size:
+        return
+    ratio = ratio.ravel()
+    # Only the worst few are shown: a partial selection, not a sort of millions of elements.
+    k = min(WORST_ELEMENTS, ratio.size)
+    top = np.argpartition(ratio, ratio.size - k)[ratio.size - k:]
+    top = top[np.argsort(ratio[top])[::-1]]
+    for flat in top:
+        idx = np.unravel_index(int(flat), given[worst.backend].shape)
+        leaf.worst.append({"index": [int(k) for k in idx], "ratio": float(ratio[flat]),
+                           "values": {n: float(v[idx]) for n, v in given.items()}})
+    # Decades of the ratio, clipped into the histogram's range (exact zeros in the lowest bin); the edges
+    # are whole decades, so a floor is the bin and no sort is needed.
+    with np.errstate(divide="ignore"):
+        logs = np.log10(ratio)
+    lo, n_bins = HIST_EDGES[0], len(HIST_EDGES) - 1
+    bins = np.clip(np.floor(logs - lo), 0, n_bins - 1).astype(np.intp)
+    counts = np.bincount(bins, minlength=n_bins)
+    leaf.histogram = {"edges": HIST_EDGES, "counts": [int(c) for c in counts],
+                      "pair": [worst.backend, worst.reference]}
+
+
+def first_in_backward_order(leaves: list[LeafResult]) -> str | None:
+    """Where a gradient disagreement starts.
+
+    Leaves are in forward order.  A wrong VJP in layer k corrupts the gradients
+    of layer k and of every layer before it, never those after it; the
+    disagreeing parameter that comes *last* in forward order (first in the
+    backward pass) is therefore where the disagreement starts.  Disagreeing
+    here means ``disagree``, ``nonfinite`` or ``structural``; with no such
+    parameter, the first such leaf of another role (an output, a buffer, an
+    input gradient) is named.
+    """
+    params = [leaf for leaf in leaves if leaf.role == "param" and leaf.verdict in ("disagree", "nonfinite", "structural")]
+    if params:
+        return params[-1].path
+    others = [leaf for leaf in leaves if leaf.verdict in ("disagree", "nonfinite", "structural")]
+    return others[0].path if others else None

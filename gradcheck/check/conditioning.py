@@ -1,0 +1,117 @@
+"""How much float64 itself can decide at this point: its rounding, amplified by the model, measured.
+
+A network at a point where it is ill-conditioned amplifies float64's
+rounding many orders of magnitude.  EfficientNet-B0 at 32x32 with a batch of
+two is one: its last BatchNorms normalise two values per channel, and its
+gradients reach 1e10; two correct backends then differ by 1e-8 of a
+gradient, beyond any fixed float64 tolerance, and the finite difference's
+own rounding far exceeds the few bits the referee's floor assumes.  Neither
+is a wrong gradient, and neither may be guessed away by a wider tolerance:
+both are *measured*, at the point.
+
+The probe moves every float64 leaf by one ulp, each element up or down at
+random (from the case seed) — what rounding does to
+every value a forward computes — and reads what moves:
+
+* the loss (``loss_noise``): the referee's resolution has a floor of
+  ``loss_noise / h``, its numerator's rounding error (``gradcheck.check.referee``);
+* each backend's float64 gradient of a leaf the backends disagree on
+  (``spread``, relative, in norm): two backends whose difference is within
+  ``SPREAD_FACTOR`` times the median spread cannot be told apart by float64
+  here, and the leaf agrees *within float64's reach*, saying so with the
+  numbers.  A well-conditioned leaf moves by ~1e-15, so nothing a check could
+  catch before is let through.
+
+Why a unit roundoff at the inputs stands for the rounding inside: each op
+rounds its result by up to one unit, and the error is carried to the output
+by the Jacobian from that op on; the inputs' Jacobian is the longest of
+those chains, so the probe sees the largest amplification, and the factor
+covers the sum over the ops' independent roundings and the two backends'.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+UNIT = 2.0 ** -53  # float64's unit roundoff
+# Two correct backends' float64 results differ by the rounding of every op either computes, carried by the
+# model; the probe measures one such rounding at the inputs.  On EfficientNet-B0 at 32x32 the backends'
+# differences were 1.4 to 2.9 times the probe's spread over 166 leaves (docs/decisions.md); the factor leaves
+# five times that, and a wrong gradient of the usual kind (1e-4 or more of a leaf) is still far outside it.
+SPREAD_FACTOR = 16.0
+
+
+def perturbed(values: dict[str, np.ndarray], seed: int, draw: int = 0) -> dict[str, np.ndarray]:
+    """Each float64 array moved by one ulp per element (a relative step between one and two unit roundoffs), up
+    or down at random (from ``seed``); exact zeros stay (a zero's neighbour is a denormal, not a rounding)."""
+    out = {}
+    for i, (path, v) in enumerate(sorted(values.items())):
+        v = np.asarray(v, np.float64)
+        signs = np.random.default_rng([int(seed), 0x524F554E, int(draw), i]).choice((-1.0, 1.0), size=v.shape)
+        out[path] = np.where(v == 0, v, np.nextafter(v, signs * np.inf))
+    return out
+
+
+def loss_noise(loss64, point: dict[str, np.ndarray], seed: int, draws: int = 2) -> float:
+    """How far the float64 loss moves when every leaf of ``point`` moves by one unit roundoff (the largest of
+    ``draws`` random moves): the rounding error a finite difference's numerator carries at this point."""
+    base = _value(loss64({}))
+    moved = [abs(_value(loss64(perturbed(point, seed, d))) - base) for d in range(draws)]
+    return float(max(moved, default=0.0))
+
+
+def _value(out) -> float:
+    return float(out[0]) if isinstance(out, tuple) else float(out)
+
+
+def spread(before: np.ndarray, after: np.ndarray) -> float:
+    """``||after - before|| / ||before||`` in float64 (0 for an empty or zero leaf)."""
+    a, b = np.asarray(before, np.float64), np.asarray(after, np.float64)
+    norm = float(np.linalg.norm(a.ravel()))
+    if norm == 0 or a.shape != b.shape or not (np.isfinite(a).all() and np.isfinite(b).all()):
+        return 0.0
+    return float(np.linalg.norm((b - a).ravel())) / norm
+
+
+def within_reach(leaf, spreads: dict[str, float]) -> bool:
+    """Whether a disagreeing leaf's disagreement lies within float64's reach as the spreads measured it; if so,
+    the leaf agrees (no blame), and says why (``LeafResult.rounding``).  Its pairs within reach agree either way,
+    so that a majority can outvote a backend whose gradient is outside it (the caller decides the leaf again).
+
+    Within reach: every pair that disagrees differs by at most ``SPREAD_FACTOR``
+    times the median spread (relative, in norm), and every stable referee check
+    that misses a backend misses it by at most its resolution plus that much of
+    the gradient's norm along the direction (a standard normal direction carries
+    a gradient error of norm e into an answer error of about e).
+    """
+    measured = [s for s in spreads.values() if s > 0]
+    if not measured or leaf.verdict != "disagree":
+        return False
+    leaf.rounding = float(np.median(measured))
+    reach = SPREAD_FACTOR * leaf.rounding
+    pairs = [p for p in leaf.pairs if p.verdict == "disagree"]
+    within = [p for p in pairs if p.rel_err_norm <= reach]
+    for p in within:  # these two cannot be told apart here, whatever the others do (a majority can form)
+        p.verdict = "agree"
+        p.message = (f"{p.message}; within float64's reach here ({p.rel_err_norm:.2g} <= {SPREAD_FACTOR:g} x "
+                     f"{leaf.rounding:.2g})")
+    if len(within) < len(pairs):
+        return False
+    norm = float(np.median(list(leaf.norms.values()))) if leaf.norms else 0.0
+    missed = [c for c in leaf.referee if c.stable and not c.agrees]
+    if any(abs(c.directional - c.numeric) > c.resolution + reach * norm for c in missed):
+        return False
+    parts = []
+    if pairs:
+        worst = max(pairs, key=lambda p: p.rel_err_norm)
+        parts.append(f"the backends differ by {worst.rel_err_norm:.2g} ({worst.backend} vs {worst.reference})")
+    if missed:
+        worst_c = max(missed, key=lambda c: abs(c.directional - c.numeric))
+        parts.append(f"the finite difference by {abs(worst_c.directional - worst_c.numeric) / max(norm, 1e-300):.2g} "
+                     f"of the gradient's norm ({worst_c.backend})")
+    leaf.verdict, leaf.blame = "agree", []
+    what = "value" if leaf.role in ("output", "buffer") else "gradient"
+    leaf.message = (f"agrees within float64's reach here: a unit roundoff at the inputs moves this {what} by "
+                    f"{leaf.rounding:.2g} of its norm (median over {len(measured)} backends), and "
+                    f"{' and '.join(parts)}, within {SPREAD_FACTOR:g}x that; float64 cannot tell them apart here")
+    return True

@@ -1,0 +1,636 @@
+"""The runner: each case through every backend in float64 and float32, compared, refereed, streamed to disk.
+
+A straight line per case:
+
+1. ``CaseRun``: the model, inputs and loss cotangent from the case seed
+   (numpy, identical bits for every backend), widened exactly to float64;
+   the float64 reference forward on numpy, which records every kink's branch
+   (``gradcheck.check.kinks``) and counts its work (``gradcheck.check.cost``).
+2. ``_run_backends``: each backend in float64, then in float32 pinned to the
+   reference's kinks; a backend that compiles (jax) runs its float32 call
+   twice, the second timing the computation alone.  One backend that fails
+   is that backend's recorded error; the others go on.
+3. ``_compare``: every leaf (forward outputs, updated buffers, gradients)
+   compared across backends in float64, once (``gradcheck.check.compare``).
+4. ``_referee``: float64 central differences where blame is needed, or for
+   every leaf when that is cheap (``gradcheck.check.referee``).
+5. ``gradcheck.check.verdict``: blame from the referee or a majority; each
+   backend's float32 result measured against its float64 one; the case's
+   verdict.
+
+Each finished case is appended to the JSON-lines results file at once, so an
+interrupted run loses nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from gradcheck import module, ops, repro
+from gradcheck.backends import get_backend
+from gradcheck.backends.base import BackendUnavailable, all_leaves
+from gradcheck.case import Case, cast_floats, materialise
+from gradcheck.check import conditioning, cost, kinks, localise, second_order, trajectory, verdict
+from gradcheck.check import referee as ref
+from gradcheck.check.compare import MISSING, compare_leaf, first_in_backward_order, order
+from gradcheck.check.tolerance import ToleranceRules
+from gradcheck.results import (
+    SCHEMA,
+    CaseResult,
+    LeafResult,
+    RunResult,
+    Timing,
+    json_default,
+    to_dict,
+)
+from gradcheck.tree import leaf_owner_types, module_paths, replace_leaves
+
+DEFAULT_BACKENDS = ("tape", "torch", "jax")
+
+
+@dataclass
+class RunOptions:
+    backends: tuple[str, ...] = DEFAULT_BACKENDS
+    rules: ToleranceRules = field(default_factory=ToleranceRules)
+    referee: str = "auto"  # "leaves" (every leaf), "auto", "joint", "off"
+    # auto: check every leaf when that is estimated to cost less than this (gradcheck.check.cost: counted, not timed)
+    referee_budget_s: float = 20.0
+    # Call each backend a second time on the same inputs, in float32 (float64 for a float64-only case):
+    # results that differ are nondeterministic; for a backend that compiles, the second call is also its
+    # steady-state time (its first includes compiling).
+    repeat: bool = True
+    imprecise: str = "warn"  # whether a float32 result too far from float64 fails the case ("fail") or warns
+    # whether a backend asked for but unavailable (not installed, or unable to run the case) fails the case
+    # ("fail": verdict "partial") or is said beside its verdict ("warn"): a partial check is not the cross-check
+    unavailable: str = "warn"
+    replay: Callable[[Case], str] | None = None  # command line that re-runs one case
+    per_layer: bool = False  # replay every layer alone even when the model agrees (gradcheck.check.localise)
+    repro: str | None = None  # a folder: write a standalone reproducer of each disagreement's origin layer
+    order: int = 1  # 2: Hessian-vector products per leaf too (gradcheck.check.second_order)
+    steps: int = 0  # N > 0: N optimiser steps per backend from the same start (gradcheck.check.trajectory)
+    optimizer: str = "sgd"  # "sgd" or "adam", written once in float64 (gradcheck.check.trajectory.OPTIMIZERS)
+    lr: float | None = None  # None: the optimizer's default (gradcheck.check.trajectory.DEFAULT_LR)
+
+    def __post_init__(self):
+        if self.imprecise not in verdict.IMPRECISE_POLICIES:
+            raise ValueError(f"imprecise={self.imprecise!r}; expected one of {', '.join(verdict.IMPRECISE_POLICIES)}")
+        if self.unavailable not in verdict.UNAVAILABLE_POLICIES:
+            raise ValueError(f"unavailable={self.unavailable!r}; expected one of "
+                             f"{', '.join(verdict.UNAVAILABLE_POLICIES)}")
+        trajectory.check_options(self.order, self.steps, self.optimizer, self.lr)
+
+
+def input_prefixes(n: int) -> tuple[str, ...]:
+    return ("input",) if n == 1 else tuple(f"input.{i}" for i in range(n))
+
+
+def _as_list(out) -> list:
+    return list(out) if isinstance(out, (tuple, list)) else [out]
+
+
+def short_error(exc: BaseException) -> str:
+    """The error's type and message first, then where it was raised (the last few frames)."""
+    frames = traceback.extract_tb(exc.__traceback__)[-4:]
+    where = "".join(f"  {f.filename.split('site-packages/')[-1]}:{f.lineno} in {f.name}\n" for f in frames)
+    return f"{type(exc).__name__}: {exc}\n{where}".rstrip()
+
+
+class CaseRun:
+    """Everything one case needs, built once from its seed."""
+
+    def __init__(self, case: Case):
+        self.case = case
+        model, inputs = materialise(case)
+        self.forward = case.forward or (lambda m, *xs: m(*xs))
+        self.prefixes = ("",) + input_prefixes(len(inputs))
+        args = (model,) + tuple(inputs)
+        # The float32 arguments, and the same values widened exactly: both runs are at one point.
+        self.args32 = args if case.dtype == "float32" else None
+        self.args64 = cast_floats(args, np.float64)
+        self.model = self.args64[0]
+        self.leaves64 = {leaf.path: leaf.value for leaf in all_leaves(self.args64, self.prefixes)}
+        # The reference forward runs on a copy of its own: layers update buffers (running statistics) by
+        # assigning them, and the backends must start from the case's values.
+        reference = cast_floats(args, np.float64)
+        paths = module_paths(reference[0])
+        t0 = time.perf_counter()
+        with cost.counting() as self.forward64_work, module.calls() as stack, \
+                kinks.recording(lambda: paths.get(id(stack[-1]), "") if stack else "") as self.kinks:
+            outs = _as_list(self.forward(*reference))
+        self.forward64_s = time.perf_counter() - t0
+        rng = np.random.default_rng(np.random.SeedSequence(case.seed).spawn(3)[2])
+        # The cross-check loss is <r, output> with r random: sum/mean would make
+        # the input gradients of BatchNorm and LayerNorm identically zero.
+        self.cotangents64 = [rng.standard_normal(np.shape(o)) for o in outs]
+        self.cotangents32 = [c.astype(np.float32) for c in self.cotangents64]
+        # What rounding in the loss works on: the referee's resolution floor.
+        self.loss_abs = float(sum(np.sum(np.abs(np.asarray(o, np.float64) * r)) for o, r in zip(outs, self.cotangents64)))
+        self.n_out = len(outs)
+        self._loss_noise: float | None = None
+
+    def loss_fn(self, cotangents):
+        forward = self.forward
+
+        def f(*args):
+            outs = _as_list(forward(*args))
+            loss = None
+            for o, r in zip(outs, cotangents):
+                term = ops.sum(o * ops.asarray(r, like=o))
+                loss = term if loss is None else loss + term
+            return (loss, *outs)
+
+        return f
+
+    def check_unchanged(self, backend: str, before: dict, res: CaseResult) -> None:
+        """Report a backend that changed the arrays it was handed, and give the case its values back."""
+        for key, attr in (("64", "args64"), ("32", "args32")):
+            if key not in before:
+                continue
+            changed = localise.check_unchanged(before[key], getattr(self, attr), self.prefixes)
+            if changed:
+                res.errors[f"{backend} (mutates its inputs)"] = (
+                    f"{backend} changed what it was handed in its float{key} call (a backend or layer writing "
+                    "into its inputs or parameters): " + "; ".join(changed[:5]))
+                setattr(self, attr, localise.restored(getattr(self, attr), before[key], self.prefixes))
+        self.model = self.args64[0]
+        self.leaves64 = {leaf.path: leaf.value for leaf in all_leaves(self.args64, self.prefixes)}
+
+    def loss_noise(self) -> float:
+        """How far the float64 loss moves when every float leaf moves by a unit roundoff (measured once, two
+        forward passes): the referee's floor for the rounding this point amplifies (gradcheck.check.conditioning)."""
+        if self._loss_noise is None:
+            self._loss_noise = conditioning.loss_noise(self.loss64, self.float_leaves(), self.case.seed)
+        return self._loss_noise
+
+    def float_leaves(self) -> dict[str, np.ndarray]:
+        """Every float64 array leaf (parameters, buffers, float inputs) by path: what rounding touches."""
+        return {p: v for p, v in self.leaves64.items() if np.asarray(v).dtype.kind == "f"}
+
+    def loss64(self, replaced: dict) -> tuple[float, int]:
+        """The float64 loss with some leaves replaced, and how many kink decisions differ from the reference's."""
+        args = [replace_leaves(a, replaced, p) for a, p in zip(self.args64, self.prefixes)]
+        with kinks.recording(stats=False, hold=self.kinks) as rec:
+            loss = float(self.loss_fn(self.cotangents64)(*args)[0])
+        return loss, kinks.differing(self.kinks, rec)
+
+
+@dataclass
+class BackendRun:
+    """One backend's answers for a case: float64 (decides) and float32 (measured; None for float64-only cases)."""
+
+    ev64: object
+    ev32: object = None
+    again: object = None  # a second call on the same inputs in the case's precision (nondeterminism), when repeated
+    crossed: list[int] = field(default_factory=list)  # per recorded kink call: elements the float32 run crossed
+
+
+def run_case(case: Case, options: RunOptions | None = None) -> CaseResult:
+    options = options or RunOptions()
+    res = CaseResult(name=case.name, model=case.model or case.name, dtype=case.dtype, mode=case.mode,
+                     seed=case.seed, backends=list(options.backends), notes=list(case.notes),
+                     imprecise=options.imprecise, unavailable_policy=options.unavailable)
+    if options.replay is not None:
+        res.replay = options.replay(case)
+    try:
+        cr = CaseRun(case)
+    except Exception as exc:  # a broken case is a result, not a crash
+        res.errors["case"] = short_error(exc)
+        res.verdict = "error"
+        return res
+    res.params = int(sum(np.size(v) for _, v in cr.model.named_parameters()))
+    runs = _run_backends(cr, options, res)
+    try:
+        if runs:
+            _compare(cr, runs, options, res)
+    except Exception as exc:  # gradcheck's own bug: this case's error, and the run goes on
+        res.errors["case"] = ("internal error while comparing (a bug in gradcheck; please report it): "
+                              + short_error(exc))
+        res.verdict = "error"
+        return res
+    res.verdict = verdict.case_verdict(res.leaves, res.errors, res.unavailable, options.unavailable)
+    if res.leaves_compared == 0 and not res.errors:
+        res.errors["case"] = _nothing_compared([b for b in options.backends if b in res.timings], options.referee,
+                                               res)
+        res.verdict = "error"
+    res.first_disagreement = first_in_backward_order(res.leaves)
+    if runs:  # where a disagreement starts: each layer replayed alone (only when needed, unless per_layer)
+        localise.localise(cr, runs, res, options)
+        if options.repro and res.origin is not None and res.origin.path:
+            folders = repro.write_repro(options.repro, cr, res)
+            res.notes += [f"reproducer for {res.origin.path}: {f}" for f in folders]
+    if runs and options.order > 1:  # Hessian-vector products, leaves of role "hvp"
+        second_order.check(cr, runs, options, res)
+    if runs and options.steps:  # N optimiser steps per backend
+        trajectory.check(cr, runs, options, res)
+    return res
+
+
+def _nothing_compared(ran: list[str], referee: str, res: CaseResult | None = None) -> str:
+    if not ran:
+        why = "no backend ran"
+    elif len(ran) > 1:
+        why = "the model has no trainable leaf and no output"
+    elif referee != "off" and res is not None and any(leaf.role in ("param", "input") for leaf in res.leaves):
+        # One backend has nothing but the referee to be held against, and the referee abstained wherever it looked.
+        why = (f"only {ran[0]} ran, and the referee resolved none of its gradients: its finite difference was "
+               "unstable (or crossed a kink it could not avoid) at every check it made, so it abstained (the "
+               "notes say where); add a second backend")
+    elif referee != "off":
+        why = f"the model has no trainable leaf and only {ran[0]} ran"
+    else:
+        why = (f"only {ran[0]} ran and the referee is off; a check needs two backends, or one backend and the "
+               "referee (install torch or jax, or leave --referee on)")
+    return "nothing was compared: " + why
+
+
+def _run_backends(cr: CaseRun, options: RunOptions, res: CaseResult) -> dict[str, BackendRun]:
+    f64 = cr.loss_fn(cr.cotangents64)
+    f32 = cr.loss_fn(cr.cotangents32)
+    runs: dict[str, BackendRun] = {}
+    # What every backend is handed must come back unchanged: one that writes into its inputs or parameters
+    # is reported, and the next backend gets the case's values again.
+    before = {"64": localise.snapshot(cr.args64, cr.prefixes)}
+    if cr.args32 is not None:
+        before["32"] = localise.snapshot(cr.args32, cr.prefixes)
+    for name in options.backends:
+        _evaluate_backend(name, cr, options, res, runs, f64, f32)
+        cr.check_unchanged(name, before, res)
+    return runs
+
+
+def _evaluate_backend(name, cr: CaseRun, options: RunOptions, res: CaseResult, runs: dict, f64, f32) -> None:
+    """One backend: float64 (and a second call for a float64-only case), then float32 pinned, and again."""
+    driver = get_backend(name)
+    ok, why = driver.available()
+    if not ok:
+        res.unavailable[name] = why
+        return
+    timing = res.timings[name] = Timing()
+    try:
+        t0 = time.perf_counter()
+        run = BackendRun(driver.evaluate(f64, cr.args64, cr.prefixes))
+        timing.float64 = time.perf_counter() - t0
+    except BackendUnavailable as exc:  # this case needs what the backend lacks (an op without a lowering)
+        res.unavailable[name] = str(exc)
+        del res.timings[name]
+        return
+    except Exception as exc:
+        res.errors[name] = short_error(exc)
+        return
+    runs[name] = run
+    if cr.args32 is None:  # a float64-only case: its float64 calls are the ones timed
+        timing.first = timing.float64
+        if options.repeat:
+            try:
+                t0 = time.perf_counter()
+                run.again = driver.evaluate(f64, cr.args64, cr.prefixes)
+                timing.second = time.perf_counter() - t0 if driver.compiles else None
+            except Exception as exc:
+                res.errors[name] = "a second call failed where the first did not: " + short_error(exc)
+        return
+    try:
+        t0 = time.perf_counter()
+        run.ev32, run.crossed = _float32(driver, f32, cr, res, name)
+        timing.first = time.perf_counter() - t0
+        if options.repeat:
+            t0 = time.perf_counter()
+            run.again = _float32(driver, f32, cr, res, name)[0]
+            timing.second = time.perf_counter() - t0 if driver.compiles else None
+    except Exception as exc:
+        res.errors[f"{name} (float32)"] = short_error(exc)
+
+
+def _float32(driver, f32, cr: CaseRun, res: CaseResult, name: str):
+    """A float32 evaluation pinned to the float64 reference's kinks, and the crossings it met."""
+    try:
+        with kinks.pinned(cr.kinks) as pin:
+            ev = driver.evaluate(f32, cr.args32, cr.prefixes)
+        return ev, [int(round(float(ops.to_numpy(c)))) if hasattr(c, "shape") else int(c) for c in pin.crossed]
+    except kinks.KinkMismatch as exc:
+        note = (f"{name}: float32 not pinned to the float64 kinks ({exc}); its float32 error may include "
+                "kink crossings")
+        if note not in res.notes:
+            res.notes.append(note)
+        if name not in res.unpinned:
+            res.unpinned.append(name)
+        return driver.evaluate(f32, cr.args32, cr.prefixes), []
+
+
+def _compare(cr: CaseRun, runs: dict[str, BackendRun], options: RunOptions, res: CaseResult) -> None:
+    rules = options.rules
+    leaves = all_leaves(cr.args64, cr.prefixes)
+    owners = {}
+    for a, p in zip(cr.args64, cr.prefixes):
+        owners.update(leaf_owner_types(a, p))
+    names = sorted(runs, key=order)
+    measured = cr.args32 is not None
+
+    def judge(path, role, get, layer="", expect_array=True, scale=0.0):
+        leaf = compare_leaf(path, role, {b: get(r.ev64) for b, r in runs.items()}, dtype="float64", rules=rules,
+                            layer=layer, expect_array=expect_array, case_scale=scale)
+        leaf.nondeterministic = {b: d for b, r in runs.items() if r.again is not None
+                                 and (d := _spread(get(r.ev32 if measured else r.ev64), get(r.again)))}
+        if measured and expect_array and leaf.verdict in ("agree", "disagree"):
+            tol = rules.resolve(path, "float32", layer)
+            leaf.float32 = verdict.float32_part({b: get(r.ev32) for b, r in runs.items() if r.ev32 is not None},
+                                                {b: get(r.ev64) for b, r in runs.items()},
+                                                tol.imprecise_factor, tol.imprecise_floor)
+        return leaf
+
+    # Forward outputs first: a forward disagreement explains any gradient one.
+    for k in range(cr.n_out):
+        path = "output" if cr.n_out == 1 else f"output.{k}"
+        res.leaves.append(judge(path, "output", lambda ev, k=k: _nth_output(ev.value, k)))
+    buffers = [leaf for leaf in leaves if leaf.kind == "buffer" and np.asarray(leaf.value).dtype.kind == "f"]
+    floor = _buffer_scale(runs, [leaf.path for leaf in buffers])
+    for leaf in buffers:
+        res.leaves.append(judge(leaf.path, "buffer", lambda ev, p=leaf.path: ev.buffers.get(p, MISSING),
+                                layer=owners.get(leaf.path, ""), scale=floor))
+
+    grad_leaves = []
+    known = set()
+    for leaf in leaves:
+        known.add(leaf.path)
+        role = "input" if leaf.path.startswith("input") else "param"
+        present = {b: r.ev64.grads.get(leaf.path, MISSING) for b, r in runs.items()}
+        if leaf.trainable:
+            grad_leaves.append((leaf, role, present))
+        elif any(v is not MISSING for v in present.values()):
+            kind_role = {"buffer": "buffer", "frozen": "frozen"}.get(leaf.kind, role)
+            res.leaves.append(judge(leaf.path, kind_role, lambda ev, p=leaf.path: ev.grads.get(p, MISSING),
+                                    layer=owners.get(leaf.path, ""), expect_array=False))
+    for b, r in runs.items():
+        for path in r.ev64.grads:
+            if path not in known:
+                res.leaves.append(compare_leaf(path, "param", {n: (r.ev64.grads[path] if n == b else MISSING)
+                                                               for n in names}, dtype="float64", rules=rules,
+                                               expect_array=False))
+
+    scale = _case_scale(grad_leaves)
+    judged = [judge(leaf.path, role, lambda ev, p=leaf.path: ev.grads.get(p, MISSING),
+                    layer=owners.get(leaf.path, ""), scale=scale) for leaf, role, _ in grad_leaves]
+    checks = _referee(cr, runs, [j for j in judged if j.verdict != "vacuous"], options, res, owners)
+    res.leaves.extend(judged)
+    for leaf in judged:
+        verdict.decide(leaf, names, checks.get(leaf.path))
+    decided = {id(j) for j in judged}
+    for leaf in res.leaves:
+        if leaf.role != "referee" and id(leaf) not in decided:
+            verdict.decide(leaf, names, checks.get(leaf.path))
+    # What still disagrees is held to float64's own reach at this point before anyone is blamed for it.
+    _within_reach(cr, runs, [leaf for leaf in res.leaves if leaf.verdict == "disagree" and leaf.role in _REACHED], res)
+    for leaf in res.leaves:
+        if leaf.role != "referee":
+            # Two float32 calls may differ by a reordered reduction's rounding (an atomic add): what counts is
+            # a spread float32's own precision measurement would notice.
+            tol = rules.resolve(leaf.path, "float32" if measured else "float64", leaf.layer)
+            verdict.nondeterminism(leaf, tol.imprecise_floor if measured else tol.rtol)
+            verdict.apply_policy(leaf, options.imprecise)
+    # Compared means held against something: another backend, or a referee check that did not abstain
+    # (LeafResult.compared, the rule every report counts by).  One backend alone with the referee off compares
+    # nothing, and nothing compared is never a pass; its forward output, which the referee does not check, is
+    # compared against nothing and counted neither as compared nor as agreeing.
+    res.leaves_compared = sum(1 for leaf in res.leaves if leaf.compared)
+    if measured:
+        res.float32 = verdict.worst_float32(leaf.float32 for leaf in res.leaves)
+        res.kinks = cr.kinks.reports({b: r.crossed for b, r in runs.items()})
+    if not grad_leaves:
+        res.notes.append("no trainable leaf: only forward values were compared")
+
+
+_REACHED = ("param", "input", "output", "buffer")  # the roles whose values the probe reads again
+
+
+def _reached_value(ev, leaf: LeafResult):
+    """The value a leaf compares, from one evaluation: a gradient, a forward output or an updated buffer."""
+    if leaf.role == "output":
+        k = int(leaf.path.split(".")[1]) if "." in leaf.path else 0
+        return _nth_output(ev.value, k)
+    if leaf.role == "buffer":
+        return ev.buffers.get(leaf.path, MISSING)
+    return ev.grads.get(leaf.path, MISSING)
+
+
+def _within_reach(cr: CaseRun, runs: dict[str, BackendRun], leaves: list[LeafResult], res: CaseResult) -> None:
+    """Leaves the backends disagree on, held to float64's reach at this point: each backend's float64 gradient
+    once more with every float leaf moved by a unit roundoff (gradcheck.check.conditioning).  One more float64
+    evaluation per backend, only when some gradient disagrees."""
+    if not leaves or len(runs) < 2:
+        return
+    moved = conditioning.perturbed(cr.float_leaves(), cr.case.seed)
+    args = [replace_leaves(a, moved, p) for a, p in zip(cr.args64, cr.prefixes)]
+    f64 = cr.loss_fn(cr.cotangents64)
+    spreads: dict[str, dict[str, float]] = {leaf.path: {} for leaf in leaves}
+    for name, run in runs.items():
+        try:
+            ev = get_backend(name).evaluate(f64, args, cr.prefixes)
+        except Exception as exc:  # the probe is a diagnosis: a failure leaves the verdicts as they are
+            res.notes.append(f"float64's reach: {name} failed at the perturbed point ({short_error(exc)})")
+            continue
+        for leaf in leaves:
+            before, after = _reached_value(run.ev64, leaf), _reached_value(ev, leaf)
+            if before is not MISSING and after is not MISSING and before is not None and after is not None:
+                spreads[leaf.path][name] = conditioning.spread(before, after)
+    held = []
+    for leaf in leaves:
+        if conditioning.within_reach(leaf, spreads[leaf.path]):
+            held.append(leaf.path)
+        elif leaf.rounding:  # some pairs were within reach: who is outside it is decided again, with them agreeing
+            verdict.decide(leaf, sorted(runs, key=order), leaf.referee)
+    if held:
+        res.notes.append(f"float64's reach: {len(held)} of {len(leaves)} disagreeing leaves differ by no more "
+                         f"than rounding moves them at this point ({conditioning.SPREAD_FACTOR:g}x a unit roundoff's "
+                         f"effect); they agree within float64's reach ({', '.join(held[:5])}"
+                         f"{', ...' if len(held) > 5 else ''})")
+
+
+def _spread(a, b) -> float:
+    """``max |a - b| / max |a|`` of two calls' results (0 when identical or not comparable)."""
+    if a is None or b is None or a is MISSING or b is MISSING:
+        return 0.0
+    a, b = np.asarray(a), np.asarray(b)
+    if a.shape != b.shape or a.dtype.kind not in "fc" or np.array_equal(a, b, equal_nan=True):
+        return 0.0
+    scale = float(np.max(np.abs(a), initial=0.0))
+    diff = float(np.max(np.abs(a - b), initial=0.0))
+    return diff / scale if scale > 0 else float("inf")
+
+
+def _case_scale(grad_leaves) -> float:
+    """The largest finite float64 gradient entry over every trainable leaf and backend."""
+    return max((_finite_max(v) for _, _, arrays in grad_leaves for v in arrays.values()), default=0.0)
+
+
+def _finite_max(v) -> float:
+    """The largest finite |entry| of a leaf's array (0 for a missing or empty one)."""
+    if v is MISSING or v is None or not np.size(v):
+        return 0.0
+    a = np.abs(np.asarray(v, dtype=np.float64))
+    return float(np.max(a, where=np.isfinite(a), initial=0.0))
+
+
+def _buffer_scale(runs: dict[str, BackendRun], paths: list[str]) -> float:
+    """The largest float64 entry over the case's updated buffers: each backend's, then the median of those.
+
+    A running statistic that is zero in exact arithmetic (the batch mean of a
+    channel a previous BatchNorm centred) comes out as rounding noise of its
+    inputs' scale, ~1e-17, which its own values do not show; buffers are
+    compared with an absolute floor at the scale of the case's statistics
+    instead.  The median, so that one backend's wrong statistics cannot widen
+    everyone's floor.
+    """
+    maxes = [max((_finite_max(r.ev64.buffers.get(p, MISSING)) for p in paths), default=0.0) for r in runs.values()]
+    return float(np.median(maxes)) if maxes else 0.0
+
+
+def _nth_output(value, k):
+    outs = value[1:] if isinstance(value, tuple) else [value]
+    return outs[k] if k < len(outs) else MISSING
+
+
+def _referee(cr: CaseRun, runs, judged: list[LeafResult], options: RunOptions, res: CaseResult,
+             owners: dict) -> dict:
+    """Referee checks per leaf path; which leaves get one depends on the mode and its cost."""
+    mode = options.referee
+    if mode == "off" or not judged:
+        return {}
+    point = {leaf.path: np.asarray(cr.leaves64[leaf.path], np.float64) for leaf in judged}
+    dirs = ref.directions(point, cr.case.seed)
+    grads = {b: r.ev64.grads for b, r in runs.items()}
+    rules = options.rules
+
+    def rtol(path):
+        return rules.resolve(path, "float64", owners.get(path, "")).referee_rtol
+
+    # The estimate comes from the float64 forward's counted work, not its time: the mode must not
+    # change with the machine's load (see gradcheck.check.cost).
+    every_leaf_s = ref.PASSES * cr.forward64_work.seconds() * len(judged)
+    if mode == "leaves" or (mode == "auto" and every_leaf_s <= options.referee_budget_s):
+        chosen = [leaf.path for leaf in judged]
+    else:
+        chosen = [leaf.path for leaf in judged if leaf.verdict != "agree"]
+        if mode == "auto":
+            res.notes.append(
+                f"referee: checking each of {len(judged)} leaves was estimated at {every_leaf_s:.0f} s "
+                f"({ref.PASSES * len(judged)} float64 passes; one pass: {cr.forward64_work}), over the budget of "
+                f"{options.referee_budget_s:g} s (referee_budget_s), so all leaves were checked along one joint "
+                f"direction and each leaf the backends disagree on apart; --referee leaves checks every leaf")
+        _joint_referee(cr, point, dirs, grads, max(rtol(p) for p in point), res)
+    out = {}
+    for path in chosen:
+        out[path], passes = ref.check(cr.loss64, point, {path: dirs[path]}, grads, rtol(path), cr.loss_abs,
+                                      cr.loss_noise())
+        res.referee_passes += passes
+    return out
+
+
+JOINT = "(all leaves, joint direction)"  # the path of the joint direction's own leaf (role "referee")
+
+
+def _joint_referee(cr, point, dirs, grads, rtol, res: CaseResult) -> None:
+    """Every trainable leaf at once along one direction: four passes for the whole model.
+
+    Its word becomes a leaf of its own (path ``JOINT``, role ``referee``),
+    decided like any leaf (``verdict.decide``, without pairs), when it says
+    something the pairs cannot: it misses a backend, or it is all the
+    gradients were held against (one backend ran).  Otherwise the pairs
+    compared every leaf, and a note records that the joint direction agrees.
+    """
+    checks, passes = ref.check(cr.loss64, point, dirs, grads, rtol, cr.loss_abs, cr.loss_noise())
+    res.referee_passes += passes
+    if not checks:
+        return
+    summary = ", ".join(f"{c.backend} {'agrees' if c.agrees else 'misses'} (error/resolution {c.error:.2g})"
+                        for c in checks)
+    where = (f"referee, joint direction over {len(dirs)} leaves (finite difference {checks[0].numeric:.10g} "
+             f"± {checks[0].resolution:.2g})")
+    if not checks[0].stable:
+        res.notes.append(f"{where}: abstained, the finite difference is unstable at this point ({summary})")
+        return
+    res.notes.append(f"{where}: {summary}")
+    names = sorted((c.backend for c in checks), key=order)
+    leaf = verdict.decide(LeafResult(path=JOINT, role="referee", dtype="float64"), names, checks)
+    if leaf.verdict == "agree" and len(names) > 1:
+        return
+    if leaf.message:
+        leaf.message += f"; checked as the whole gradient along one random direction over all {len(dirs)} leaves"
+    res.leaves.append(leaf)
+
+
+# ---------------------------------------------------------------- whole runs
+def environment(seed: int | None = None, command: str = "") -> dict:
+    import importlib.metadata as md
+
+    def version(name):
+        try:
+            return md.version(name)
+        except md.PackageNotFoundError:
+            return None
+
+    return {
+        "gradcheck": version("gradcheck"),
+        "python": sys.version.split()[0],
+        "numpy": np.__version__,
+        "torch": version("torch"),
+        "jax": version("jax"),
+        "platform": platform.platform(),
+        "machine": platform.machine(),
+        "cpus": os.cpu_count(),
+        "seed": seed,
+        "command": command,
+        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+
+
+class ResultsWriter:
+    """JSON lines: a header, then one line per finished case, flushed as each case ends."""
+
+    def __init__(self, path, env: dict, planned: int | None = None):
+        self.path = path
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        self._fh = open(path, "w", encoding="utf-8")
+        # planned: a reader of a run killed outright can still tell how many cases never ran.
+        self._write({"type": "run", "schema": SCHEMA, "env": env, "planned": planned})
+
+    def _write(self, record):
+        self._fh.write(json.dumps(record, default=json_default) + "\n")
+        self._fh.flush()
+        os.fsync(self._fh.fileno())
+
+    def case(self, result: CaseResult):
+        self._write({"type": "case", "case": to_dict(result)})
+
+    def close(self):
+        self._fh.close()
+
+
+def run(cases: list[Case], options: RunOptions | None = None, results_path=None, env: dict | None = None,
+        on_case: Callable[[int, int, CaseResult], None] | None = None,
+        on_start: Callable[[int, int, Case], None] | None = None) -> RunResult:
+    """Run every case; stream each result to ``results_path`` (JSON lines) as it ends."""
+    options = options or RunOptions()
+    result = RunResult(env=env or environment(), planned=len(cases))
+    writer = ResultsWriter(results_path, result.env, planned=len(cases)) if results_path else None
+    try:
+        for i, case in enumerate(cases):
+            if on_start:
+                on_start(i, len(cases), case)
+            case_result = run_case(case, options)
+            result.cases.append(case_result)
+            if writer:
+                writer.case(case_result)
+            if on_case:
+                on_case(i, len(cases), case_result)
+    finally:
+        if writer:
+            writer.close()
+    return result

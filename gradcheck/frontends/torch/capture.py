@@ -1,0 +1,527 @@
+"""Capture: ``torch.export`` a module, decompose it, and read its graph signature.
+
+The graph is decomposed to Core ATen with one change to torch's default
+table: the ops in ``PRESERVED`` stay whole.  They are the functions a model
+library calls (``F.linear``, ``F.layer_norm``, ``F.scaled_dot_product_attention``,
+the convolutions ...) and each has a ``gradcheck.ops`` counterpart, so the
+tape and jax run their own kernels for them (jax: ``jax.nn.dot_product_attention``,
+flax's LayerNorm formulation, ``lax.conv_general_dilated``), not torch's
+decomposition of them into smaller ATen ops.  What is decomposed, torch
+decomposes; ``decompose="core"`` decomposes everything (docs/from_torch.md).
+
+The signature maps every graph input to what it is: a parameter (by its
+canonical torch name: the first of the names a tied tensor has, as
+``named_parameters`` gives it), a buffer, a constant, or a user input; and
+every output to a user output or a buffer mutation (BatchNorm's running
+statistics, ``num_batches_tracked``).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from gradcheck.frontends.torch import randomness
+from gradcheck.frontends.torch.aten import LOWERINGS
+
+_TORCH_DIR = os.path.dirname(torch.__file__)
+_OWN_DIR = os.path.dirname(os.path.abspath(__file__))
+ROOT = "module"  # the child name the wrapper gives the user's module; stripped from every name
+
+_aten = torch.ops.aten
+PRESERVED = (
+    _aten.linear.default,
+    _aten.matmul.default,
+    _aten.conv1d.default, _aten.conv2d.default, _aten.conv1d.padding, _aten.conv2d.padding,
+    _aten.conv_transpose1d.default, _aten.conv_transpose2d.input,
+    _aten.layer_norm.default, _aten.group_norm.default, _aten.rms_norm.default,
+    _aten.scaled_dot_product_attention.default,
+    _aten.hardswish.default, _aten.hardsigmoid.default, _aten.silu.default,
+    _aten.upsample_nearest2d.vec, _aten.upsample_bilinear2d.vec,
+)
+DECOMPOSE = ("fused", "core")
+
+
+class CaptureError(RuntimeError):
+    """``torch.export`` could not capture the module; the message has torch's reason and the ways out."""
+
+
+WAYS_OUT = (
+    "ways out: (1) make the branch depend on Python values (a config flag, a shape), not on tensor "
+    "values; (2) write a data-dependent branch with torch.cond, which torch.export captures whole; "
+    "(3) pass forward=lambda module, *inputs: ... to from_torch to check the path you want; (4) check "
+    "the submodules that can be captured one by one (from_torch(model.encoder, x)). See docs/from_torch.md"
+)
+
+
+# The two public ways to have the tape and jax run an op gradcheck does not lower (docs/from_torch.md).
+WAYS_TO_LOWER = ("give from_torch references={{{op!r}: fn}} (fn: the op's math in ordinary torch ops, traced and "
+                 "lowered like the rest of the graph), or lower it yourself with @gradcheck.frontends.torch.lowering({op!r}) "
+                 "(docs/from_torch.md, 'Ops gradcheck does not lower'), or give from_torch a forward= that avoids it")
+
+
+class _Forward(nn.Module):
+    """The user's module under one name (``module``), called as ``forward(module, *inputs)``."""
+
+    def __init__(self, module: nn.Module, forward=None):
+        super().__init__()
+        self.module = module
+        self._forward = forward
+
+    def forward(self, *inputs):
+        out = self.module(*inputs) if self._forward is None else self._forward(self.module, *inputs)
+        return _without_objects(out, self.dropped)
+
+    @property
+    def dropped(self) -> dict:
+        """Output leaves that are neither tensors nor plain values (a transformers ``DynamicCache``), by path:
+        what the module returned there, which the check does not compare."""
+        return self.__dict__.setdefault("_dropped", {})
+
+
+def _without_objects(out, dropped: dict):
+    """``out`` with every leaf that is neither a tensor nor a plain value replaced by None (noted in ``dropped``):
+    torch.export returns tensors in containers it knows, and a cache object is state, not an output."""
+    from torch.utils import _pytree as pytree
+
+    pairs, spec = pytree.tree_flatten_with_path(out)
+    leaves = []
+    for path, v in pairs:
+        if isinstance(v, (torch.Tensor, int, float, bool, str)) or v is None:
+            leaves.append(v)
+        else:
+            dropped[_keyname(path) or "output"] = type(v).__name__
+            leaves.append(None)
+    return pytree.tree_unflatten(leaves, spec)
+
+
+def strip(name: str) -> str:
+    """A name in the wrapper as the user's module names it (``module.layer1.0`` -> ``layer1.0``)."""
+    if name == ROOT:
+        return ""
+    return name[len(ROOT) + 1 :] if name.startswith(ROOT + ".") else name
+
+
+@dataclass
+class Binding:
+    """What one graph input is: ``param``/``buffer`` (``target`` the leaf path), ``constant``, ``input``."""
+
+    kind: str
+    target: str = ""
+    index: int = -1
+    value: object = None
+
+
+@dataclass
+class Graph:
+    """One exported, decomposed graph of the module in one mode (train or eval)."""
+
+    training: bool
+    program: object  # torch.export.ExportedProgram
+    nodes: list
+    inputs: dict[str, Binding]  # placeholder name -> what it is
+    outputs: list[tuple[str, object]]  # ("output", k) | ("buffer", path) | ("ignore", why) per graph output
+    user_outputs: int
+    draws: object = None  # randomness.Draws: the random nodes (dropout, rand, bernoulli ...), each one case draw
+    lowerings: dict = field(default_factory=dict)  # op -> this graph's own lowering (a custom op's reference)
+    problems: dict[str, str] = field(default_factory=dict)  # node name -> why the tape and jax cannot run it
+    # Why the graph as a whole does not compute what the module does in float64 although each node's lowering
+    # matches torch's op ("" when it does): a decomposition that fixed a value at the capture's dtype.
+    unfaithful: str = ""
+    # Nodes computed from constants alone (causal masks from arange): no parameter or input reaches them, so
+    # their comparisons are not kinks of the function being checked.
+    constants: set[str] = field(default_factory=set)
+    refused: str = ""  # torch.export refused the module and the graph was traced at the example inputs (why)
+    verified: bool = False
+    export_s: float = 0.0
+
+
+def decomposition_table(decompose: str):
+    if decompose not in DECOMPOSE:
+        raise ValueError(f"from_torch: decompose={decompose!r}; expected one of {', '.join(DECOMPOSE)}")
+    table = torch.export.default_decompositions()
+    if decompose == "fused":
+        for op in PRESERVED:
+            table.pop(op, None)
+    # A detach is part of the function differentiated (a straight-through estimator, a stopped statistic);
+    # decomposed, it would become an alias, and the tape and jax would differentiate through it.
+    table.pop(torch.ops.aten.detach.default, None)
+    return table
+
+
+def export(wrapper: _Forward, example_inputs: tuple, training: bool, decompose: str, name: str):
+    """The decomposed ExportedProgram of ``wrapper`` in the given mode; CaptureError with torch's reason.
+
+    When ``torch.export`` refuses (a branch on a tensor's value, a ``float()``
+    of one), the graph is traced at the example inputs instead
+    (``trace_at_example``): a gradient check is made at one point, so a graph
+    that takes the branches the example takes is valid for it.  The result
+    then carries ``refused``, the note that says so.
+    """
+    import warnings
+
+    table = decomposition_table(decompose)
+    was = [m.training for m in wrapper.modules()]
+    wrapper.train(training)
+    mode = "train" if training else "eval"
+    try:
+        with warnings.catch_warnings():
+            # torch's own deprecation inside export, and nn.LSTM's weight cache being set while tracing:
+            # neither says anything about the module being checked.
+            warnings.filterwarnings("ignore", message=".*LeafSpec.*", category=FutureWarning)
+            warnings.filterwarnings("ignore", message=".*_flat_weights.*were assigned during export.*")
+            try:
+                ep = torch.export.export(wrapper, tuple(example_inputs), strict=False)
+                return ep.run_decompositions(table)
+            except Exception as exc:
+                refused = exc
+            try:
+                traced = trace_at_example(wrapper, tuple(example_inputs), _with_batch_norm(table))
+            except Exception as exc:
+                raise CaptureError(
+                    f"torch.export could not capture {name} ({mode} mode): {type(refused).__name__}: "
+                    f"{torch_reason(refused)}\nand tracing it at the example inputs failed too: {type(exc).__name__}: "
+                    f"{torch_reason(exc)}\n{WAYS_OUT}") from exc
+            first = torch_reason(refused).splitlines()[0]
+            traced.refused = (f"torch.export refused {name} ({mode} mode: {type(refused).__name__}: {first}"
+                              f"{'; ' + branch_line(refused) if branch_line(refused) else ''}); traced at the example "
+                              "inputs instead, taking the branches they take, which is the point this case checks")
+            return traced
+    finally:
+        for m, flag in zip(wrapper.modules(), was):
+            m.training = flag
+
+
+def torch_reason(exc: BaseException) -> str:
+    """torch's message, without its generic debugging advice: the first paragraph and the line that raised."""
+    text = str(exc).strip()
+    first = text.split("\n\n")[0].strip()
+    call = re.search(r"The following call raised this error:\n(.*?)(?:\n\n|$)", text, re.S)
+    if call and call.group(1).strip() not in first:
+        first += "\n  raised at:\n" + call.group(1).rstrip()
+    line = branch_line(exc)
+    if line and line not in first:
+        first += f"\n  the line that branches: {line}"
+    return first
+
+
+# torch's tracing machinery, whose frames never name the line a user or torch.nn wrote.
+_TRACING = tuple(os.path.join(_TORCH_DIR, d) for d in (
+    "_export", "export", "fx", "_dynamo", "_subclasses", "_ops.py", "_tensor.py", "utils", "_compile.py",
+    "_library", "_higher_order_ops", "__init__.py", "_prims_common", "_refs", "_decomp", "_meta_registrations.py",
+    "_functorch", "func", "overrides.py", "nn/modules/module.py", "_jit_internal.py", "_logging"))
+
+
+def branch_line(exc: BaseException) -> str:
+    """``file:line in fn: code`` of the innermost frame of the model's code (the user's or torch.nn's) in the
+    traceback of ``exc``: the line whose tensor-valued branch or ``float()`` stopped the capture; "" if none."""
+    import traceback
+
+    frames = []
+    seen = set()
+    e: BaseException | None = exc
+    while e is not None and id(e) not in seen:  # the traceback and the causes torch chains to it
+        seen.add(id(e))
+        frames = traceback.extract_tb(e.__traceback__) + frames
+        e = e.__cause__ or e.__context__
+    mine = [f for f in frames if not os.path.abspath(f.filename).startswith(_TRACING + (_OWN_DIR,))
+            and "site-packages/torch/_" not in f.filename]
+    if not mine:
+        return ""
+    f = mine[-1]
+    path = f.filename
+    if path.startswith(_TORCH_DIR):
+        path = os.path.relpath(path, os.path.dirname(_TORCH_DIR))
+    return f"{path}:{f.lineno} in {f.name}: {(f.line or '').strip()}"
+
+
+def _renorm_in_place(graph) -> None:
+    """``F.embedding(max_norm=...)`` renormalises the table in place through a detached alias, under no_grad:
+    the lookup then reads the renormalised values with the table's own gradient.  Functionalised, the graph
+    reads ``embedding_renorm(detach(weight))``, which would cut the gradient; the renorm reads the table itself
+    (its lowering holds the renormalisation with stop_gradient, as torch holds it out of autograd)."""
+    for node in graph.nodes:
+        if node.op == "call_function" and str(node.target) == "aten.embedding_renorm.default":
+            source = node.args[0]
+            if getattr(source, "op", None) == "call_function" and str(source.target) == "aten.detach.default":
+                node.replace_input_with(source, source.args[0])
+
+
+def _with_batch_norm(table) -> dict:
+    """The table with torch's decomposition of ``native_batch_norm``, for a trace at the example inputs.
+
+    Traced below autograd, ``F.batch_norm`` is ``native_batch_norm``, whose
+    schema does not say that it updates the running statistics in place;
+    decomposed, the updates are ``copy_`` nodes, and the traced graph returns
+    the updated values.
+    """
+    from torch._decomp import get_decompositions
+
+    out = dict(table)
+    out.update(get_decompositions([torch.ops.aten.native_batch_norm]))
+    return out
+
+
+class _Traced:
+    """What ``read_graph`` reads of an ExportedProgram, for a graph traced at the example inputs (``make_fx``)."""
+
+    def __init__(self, module, input_specs, output_specs):
+        from types import SimpleNamespace
+
+        self.graph_module = module
+        self.graph = module.graph
+        self.graph_signature = SimpleNamespace(input_specs=input_specs, output_specs=output_specs)
+        self.constants: dict = {}
+        self.refused = ""
+
+
+def trace_at_example(wrapper: _Forward, example_inputs: tuple, table) -> _Traced:
+    """The module's graph traced with real tensors at the example inputs, decomposed as ``export`` would.
+
+    ``make_fx`` on the values themselves: a branch on a tensor's value, or its
+    ``float()``, is taken as the example takes it and the value is kept as a
+    constant (``_error_on_data_dependent_ops=False``).  Parameters, buffers
+    and inputs are the graph's placeholders, in that order; the buffers are
+    updated on copies, whose values are outputs after the module's, so a
+    running statistic is a buffer mutation as torch.export reports one.
+    """
+    from torch.export.graph_signature import (
+        InputKind,
+        InputSpec,
+        OutputKind,
+        OutputSpec,
+        TensorArgument,
+    )
+    from torch.fx.experimental.proxy_tensor import make_fx
+    from torch.utils import _pytree as pytree
+
+    params = [(n, p) for n, p in wrapper.named_parameters()]
+    buffers = [(n, b) for n, b in wrapper.named_buffers()]
+    n_out: list[int] = []
+
+    def f(param_values, buffer_values, *inputs):
+        state = dict(zip([n for n, _ in params], param_values))
+        state.update((n, b.clone()) for (n, _), b in zip(buffers, buffer_values))
+        out = torch.func.functional_call(wrapper, state, inputs, tie_weights=True, strict=False)
+        leaves = pytree.tree_leaves(out)
+        if not all(isinstance(v, torch.Tensor) for v in leaves):
+            raise CaptureError("the module returns values that are not tensors; tracing at the example inputs "
+                               "compares tensors only (return the tensors, or pass forward=)")
+        n_out.append(len(leaves))
+        return leaves + [state[n] for n, _ in buffers]
+
+    values = ([p.detach() for _, p in params], [b.detach().clone() for _, b in buffers])
+    module = make_fx(torch.func.functionalize(f), decomposition_table=table, tracing_mode="real",
+                     record_stack_traces=True, _error_on_data_dependent_ops=False)(*values, *example_inputs)
+    constants = _lift_constants(module)
+    placeholders = [n for n in module.graph.nodes if n.op == "placeholder" and n.name not in constants]
+    kinds = ([(InputKind.PARAMETER, n, None) for n, _ in params] + [(InputKind.BUFFER, n, True) for n, _ in buffers]
+             + [(InputKind.USER_INPUT, None, None)] * len(example_inputs))
+    if len(placeholders) != len(kinds):
+        raise CaptureError(f"tracing at the example inputs gave {len(placeholders)} graph inputs for {len(kinds)} "
+                           "parameters, buffers and inputs")
+    input_specs = [InputSpec(kind=k, arg=TensorArgument(name=node.name), target=t, persistent=pers)
+                   for node, (k, t, pers) in zip(placeholders, kinds)]
+    out_node = next(n for n in module.graph.nodes if n.op == "output")
+    outs = list(out_node.args[0])
+    output_specs = [OutputSpec(kind=OutputKind.USER_OUTPUT, arg=TensorArgument(name=o.name), target=None)
+                    for o in outs[:n_out[0]]]
+    output_specs += [OutputSpec(kind=OutputKind.BUFFER_MUTATION, arg=TensorArgument(name=o.name), target=n)
+                     for o, (n, _) in zip(outs[n_out[0]:], buffers)]
+    input_specs += [InputSpec(kind=InputKind.CONSTANT_TENSOR, arg=TensorArgument(name=name), target=name,
+                              persistent=None) for name in constants]
+    traced = _Traced(module, input_specs, output_specs)
+    traced.constants.update(constants)
+    return traced
+
+
+def _lift_constants(module) -> dict:
+    """The traced module's tensor constants (``get_attr`` nodes: a tensor made in the forward) as placeholders,
+    as torch.export lifts them; returns them by placeholder name."""
+    constants = {}
+    first = next(iter(module.graph.nodes))
+    for node in list(module.graph.nodes):
+        if node.op != "get_attr":
+            continue
+        value = getattr(module, node.target)
+        with module.graph.inserting_before(first):
+            placeholder = module.graph.placeholder(f"c_{node.target}")
+        placeholder.meta.update(node.meta)
+        node.replace_all_uses_with(placeholder)
+        module.graph.erase_node(node)
+        constants[placeholder.name] = value.detach() if isinstance(value, torch.Tensor) else value
+    return constants
+
+
+def read_graph(ep, wrapper: _Forward, n_inputs: int, training: bool, references: dict | None = None,
+               decompose: str = "fused") -> Graph:
+    from torch.export.graph_signature import InputKind, OutputKind
+
+    canonical_params = {id(p): strip(n) for n, p in wrapper.named_parameters()}
+    canonical_buffers = {id(b): strip(n) for n, b in wrapper.named_buffers()}
+    inputs: dict[str, Binding] = {}
+    user = 0
+    for spec in ep.graph_signature.input_specs:
+        arg = getattr(spec.arg, "name", None)
+        if spec.kind == InputKind.PARAMETER:
+            tensor = wrapper.get_parameter(spec.target)
+            inputs[arg] = Binding("param", canonical_params.get(id(tensor), strip(spec.target)))
+        elif spec.kind == InputKind.BUFFER:
+            tensor = wrapper.get_buffer(spec.target)
+            inputs[arg] = Binding("buffer", canonical_buffers.get(id(tensor), strip(spec.target)))
+        elif spec.kind in (InputKind.CONSTANT_TENSOR,):
+            value = ep.constants[spec.target]
+            inputs[arg] = Binding("constant", strip(spec.target), value=value.detach().cpu().numpy().copy())
+        elif spec.kind == InputKind.USER_INPUT:
+            if arg is None:  # a non-tensor input, baked into the graph
+                user += 1
+                continue
+            inputs[arg] = Binding("input", index=user)
+            user += 1
+        else:
+            raise CaptureError(f"the exported graph has an input of kind {spec.kind.name} ({spec.target}); "
+                               "gradcheck reads parameters, buffers, tensor constants and tensor inputs only")
+    if user != n_inputs:
+        raise CaptureError(f"the exported graph has {user} user inputs for {n_inputs} example inputs")
+    outputs: list[tuple[str, object]] = []
+    n_user = 0
+    for spec in ep.graph_signature.output_specs:
+        if spec.kind == OutputKind.USER_OUTPUT:
+            outputs.append(("output", n_user))
+            n_user += 1
+        elif spec.kind == OutputKind.BUFFER_MUTATION:
+            tensor = wrapper.get_buffer(spec.target)
+            outputs.append(("buffer", canonical_buffers.get(id(tensor), strip(spec.target))))
+        else:  # a user input mutated in place: the check compares outputs and gradients, not that
+            outputs.append(("ignore", spec.kind.name))
+    _renorm_in_place(ep.graph)
+    nodes = list(ep.graph.nodes)
+    draws = randomness.Draws(nodes)
+    nodes = [n for n in nodes if not (n.op == "call_function" and op_name(n) == "aten._local_scalar_dense.default"
+                                      and not n.users)]  # a value traced at the example, kept as a constant
+    graph = Graph(training=training, program=ep, nodes=nodes, inputs=inputs, outputs=outputs, user_outputs=n_user,
+                  draws=draws, refused=ep.refused if isinstance(ep, _Traced) else "")
+    if references:
+        from gradcheck.frontends.torch import references as refs
+
+        refs.attach(graph, references, decompose)
+    for node in nodes:
+        why = None if op_name(node) in graph.lowerings else unsupported(node)
+        if why:
+            graph.problems[node.name] = why
+        if node.op == "placeholder" and inputs.get(node.name, Binding("")).kind == "constant" or (
+                node.op == "call_function" and all(a.name in graph.constants for a in node.all_input_nodes)):
+            graph.constants.add(node.name)
+    return graph
+
+
+def op_name(node) -> str:
+    return str(node.target)
+
+
+def unsupported(node) -> str | None:
+    """Why the tape and jax cannot run ``node`` (no lowering), or None."""
+    if node.op != "call_function":
+        return None
+    import operator
+
+    if node.target is operator.getitem:
+        return None
+    name = op_name(node)
+    if name in LOWERINGS:
+        return None
+    kind = ("a random op gradcheck does not draw" if randomness_like(name) else
+            "a higher-order op (control flow or a wrapped region)" if "higher_order" in name else
+            "an op without a lowering")
+    name_ = spelled(name)
+    return (f"{name} is {kind}: {where(node)}; {WAYS_TO_LOWER.format(op=name_)}"
+            + (", or decompose=\"core\" to have torch decompose it" if _preserved(name) else ""))
+
+
+def spelled(name: str) -> str:
+    """An op as torch spells it: ``mylib.fused_gelu.default`` -> ``mylib::fused_gelu``, ``aten.add.Tensor`` ->
+    ``aten::add.Tensor``; a name of another form (a Python function's) as it is."""
+    parts = name.split(".")
+    if len(parts) != 3 or not all(parts):
+        return name
+    return f"{parts[0]}::{parts[1]}" + ("" if parts[2] == "default" else f".{parts[2]}")
+
+
+def randomness_like(name: str) -> bool:
+    return bool(re.search(r"\b(rand|randn|randint|bernoulli|normal|uniform|multinomial|poisson)", name))
+
+
+def _preserved(name: str) -> bool:
+    return any(str(op) == name for op in PRESERVED)
+
+
+def module_of(node) -> tuple[str, str]:
+    """(dotted module path, class name) of the innermost module the node was traced in."""
+    stack = node.meta.get("nn_module_stack") or {}
+    if not stack:
+        return "", ""
+    path, kind = list(stack.values())[-1]
+    kind = kind if isinstance(kind, str) else getattr(kind, "__qualname__", str(kind))
+    return strip(path), kind.rsplit(".", 1)[-1]
+
+
+
+
+def source_line(node) -> str:
+    """``file:line in fn: code`` of the innermost frame of user code that made the node."""
+    trace = node.meta.get("stack_trace") or ""
+    frames = re.findall(r'File "([^"]+)", line (\d+), in (\S+)\n\s*(.*)', trace)
+    user = [f for f in frames if not os.path.abspath(f[0]).startswith((_TORCH_DIR, _OWN_DIR))]
+    chosen = (user or frames)[-1] if frames else None
+    if chosen is None:
+        return "source line unknown"
+    path, line, fn, code = chosen
+    inner = ""
+    if frames and chosen is not frames[-1]:
+        f = frames[-1]
+        inner = f" (inside {os.path.relpath(f[0], os.path.dirname(_TORCH_DIR))}:{f[1]}: {f[3].strip()})"
+    return f"{path}:{line} in {fn}: {code.strip()}{inner}"
+
+
+def where(node) -> str:
+    """Where a node comes from: the module path and class, and the source line."""
+    path, kind = module_of(node)
+    owner = f"module {path} ({kind})" if path else f"the root module ({kind})" if kind else "the root module"
+    return f"node {node.name}, from {owner}, at {source_line(node)}"
+
+
+def example_outputs(wrapper: _Forward, example_inputs: tuple, training: bool):
+    """The eager output's leaves (pytree order), their names, and which are float tensors."""
+    from torch.utils import _pytree as pytree
+
+    was = [m.training for m in wrapper.modules()]
+    wrapper.train(training)
+    try:
+        # On copies of the buffers: a forward in training mode updates BatchNorm's running statistics in place,
+        # and the module must stay at the point its graph was captured at (the case's point).
+        buffers = {n: b.clone() for n, b in wrapper.named_buffers()}
+        with torch.no_grad():
+            out = torch.func.functional_call(wrapper, buffers, tuple(example_inputs), strict=False)
+    finally:
+        for m, flag in zip(wrapper.modules(), was):
+            m.training = flag
+    pairs, _ = pytree.tree_flatten_with_path(out)
+    names = [_keyname(path) for path, _ in pairs]
+    floats = [isinstance(v, torch.Tensor) and v.is_floating_point() for _, v in pairs]
+    return names, floats
+
+
+def _keyname(path) -> str:
+    parts = []
+    for k in path:
+        for attr in ("key", "idx", "name"):
+            if hasattr(k, attr):
+                parts.append(str(getattr(k, attr)))
+                break
+        else:
+            parts.append(str(k))
+    return ".".join(parts)

@@ -1,0 +1,375 @@
+"""Run an exported graph with ``gradcheck.ops``, and check each lowering against torch's own op once.
+
+``run`` walks the graph's nodes in order and calls each node's lowering
+(``gradcheck.frontends.torch.aten``) on whatever backend the values are on: tape
+tensors (the tape AD), jax arrays or tracers (jax), numpy float64 (the
+reference forward and the referee).
+
+``verify`` runs once per graph, on the first float64 numpy forward (the
+runner's reference forward): every node is run by torch (the ATen op
+itself) and by its lowering on the same inputs, torch's values, and the two
+outputs are compared.  A lowering that computes something else than its op
+is then gradcheck's bug, named with the node; without this check a wrong
+lowering would make the tape, jax and the referee agree among themselves
+against torch, and torch would be blamed.
+"""
+
+from __future__ import annotations
+
+import operator
+
+import numpy as np
+
+from gradcheck import module as gmodule
+from gradcheck.backends.base import BackendUnavailable
+from gradcheck.check import kinks
+from gradcheck.check.kinks import KinkMismatch
+from gradcheck.frontends.torch import capture, randomness
+from gradcheck.frontends.torch.aten import LOWERINGS, LoweringError, Unavailable
+from gradcheck.ops import BackendOpMissing
+
+# Relative error (max |lowering - torch| / max |torch|) a float64 lowering may have: kernels that sum in
+# another order differ by a few ulps times the reduction length, ten thousand times below this.  The
+# scale it is relative to is at least that of the op's inputs (``_input_scale``): an output that is
+# cancellation noise (a mean of centred values) is rounding of the inputs' size, not of its own.
+VERIFY_RTOL = 1e-8
+# Magnitudes from here up are a float type's extremes, which masks fill with (finfo.min), not data.
+EXTREME = 1e30
+# Ops whose values are whatever memory held (torch's) or zeros (the lowering's): only their shape is theirs, and
+# what they become (a random fill, an in-place copy) is the next node's to check.
+UNINITIALISED = frozenset({"aten.empty.memory_format", "aten.empty.default", "aten.empty_like.default",
+                           "aten.new_empty.default", "aten.empty_strided.default", "aten.empty_permuted.default"})
+
+
+class UnsupportedOp(BackendOpMissing, BackendUnavailable):
+    """The graph has an op, or a form of one, the tape and jax cannot run: they are unavailable for the case.
+
+    The torch backend, which runs the module itself, still runs, and so does
+    the referee (on torch's float64 forward).
+    """
+
+
+class GraphRunError(RuntimeError):
+    """A lowering raised while running a node; the message names the node, its module and source line."""
+
+
+class Context:
+    """What a lowering knows besides its arguments."""
+
+    __slots__ = ("floats", "node", "op", "_mask")
+
+    def __init__(self, floats, mask):
+        self.floats = np.dtype(floats)
+        self._mask = mask
+        self.node = None
+        self.op = ""
+
+    def draw(self, kind, shape) -> np.ndarray:
+        """This random node's draw from the case seed (``gradcheck.frontends.torch.randomness``)."""
+        return self._mask.draw(self.node.name, kind, tuple(shape))
+
+
+def numpy_dtype(dtype, floats):
+    """A torch dtype as numpy's; every float dtype is the run's float dtype."""
+    import torch
+
+    if dtype.is_floating_point:
+        return np.dtype(floats)
+    if dtype == torch.bool:
+        return np.dtype(bool)
+    return np.dtype(str(dtype).replace("torch.", ""))
+
+
+def _arguments(node, lookup, floats):
+    from torch.fx.node import map_arg
+
+    return _arguments_from(map_arg(node.args, lookup), map_arg(node.kwargs, lookup), floats)
+
+
+def _unavailable_in(args, kwargs):
+    for v in list(args) + list(kwargs.values()):
+        if isinstance(v, Unavailable):
+            return v
+        if isinstance(v, (list, tuple)):
+            found = _unavailable_in(v, {})
+            if found is not None:
+                return found
+    return None
+
+
+def lowering_of(graph: capture.Graph, op: str):
+    """The lowering that runs ``op`` in ``graph``: the graph's own (a custom op's reference), else the table's."""
+    own = graph.lowerings.get(op)
+    return own if own is not None else LOWERINGS[op]
+
+
+def run(graph: capture.Graph, values: dict, floats, mask, layer_of=None, watch=None) -> list:
+    """The graph's outputs, in the order of its output specs, from placeholder values.
+
+    ``watch(node, value) -> value``, when given, sees every node's value as it
+    is computed and may replace it (the per-submodule replay records values
+    and adds its cotangent probes so).
+    """
+    if graph.unfaithful:
+        raise UnsupportedOp(graph.unfaithful)
+    env: dict = {}
+    for node in graph.nodes:
+        if node.op == "placeholder":
+            env[node] = values[node.name]
+            if watch is not None:
+                env[node] = watch(node, env[node])
+    execute(graph, [n for n in graph.nodes if n.op == "call_function"], env, floats, mask, layer_of, watch)
+    out = next((n for n in graph.nodes if n.op == "output"), None)
+    if out is None:
+        raise GraphRunError("the graph has no output node")
+    from torch.fx.node import map_arg
+
+    return list(map_arg(out.args[0], env.__getitem__))
+
+
+def execute(graph: capture.Graph, nodes: list, env: dict, floats, mask, layer_of=None, watch=None) -> dict:
+    """Run ``nodes`` (call_function nodes of ``graph``, in graph order) on the values ``env`` holds; fills ``env``."""
+    ctx = Context(floats, mask)
+    stack = gmodule.current_calls()
+    for node in nodes:
+        if node.op != "call_function":
+            raise GraphRunError(f"node {node.name}: a {node.op} node; exported graphs have placeholders, "
+                                "call_function nodes and one output")
+        if node.target is operator.getitem:
+            env[node] = env[node.args[0]][node.args[1]]
+        else:
+            env[node] = _call(graph, node, env, ctx, stack, layer_of)
+        if watch is not None:
+            env[node] = watch(node, env[node])
+    return env
+
+
+def _call(graph, node, env, ctx, stack, layer_of):
+    if node.name in graph.problems:
+        raise UnsupportedOp(graph.problems[node.name])
+    args, kwargs = _arguments(node, env.__getitem__, ctx.floats)
+    missing = _unavailable_in(args, kwargs)
+    op = capture.op_name(node)
+    if missing is not None:
+        raise UnsupportedOp(f"{op} uses {missing.what}, which the lowering does not compute: "
+                            f"{capture.where(node)}")
+    ctx.node, ctx.op = node, op
+    layer = layer_of(node) if layer_of is not None else None
+    if layer is not None:
+        stack.append(layer)  # kink reports name the layer they happen in
+    try:
+        if node.name in graph.constants:
+            with kinks.suspended():
+                return lowering_of(graph, op)(ctx, *args, **kwargs)
+        return lowering_of(graph, op)(ctx, *args, **kwargs)
+    except (KinkMismatch, UnsupportedOp):
+        raise
+    except (LoweringError, BackendOpMissing) as exc:
+        raise UnsupportedOp(f"{exc} ({capture.where(node)}); {capture.WAYS_TO_LOWER.format(op=capture.spelled(op))}"
+                            ) from exc
+    except Exception as exc:
+        raise GraphRunError(f"{op}, {capture.where(node)}: {type(exc).__name__}: {exc}") from exc
+    finally:
+        if layer is not None:
+            stack.pop()
+
+
+# ---------------------------------------------------------------- checking the lowerings
+def verify(graph: capture.Graph, values: dict, mask) -> dict[str, str]:
+    """Problems found running every node by torch and by its lowering on torch's inputs (float64)."""
+    import torch
+
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)  # a factory op with no dtype makes the run's floats, as the graph's do
+    try:
+        return _verify(graph, values, mask)
+    finally:
+        torch.set_default_dtype(default)
+
+
+def _verify(graph: capture.Graph, values: dict, mask) -> dict[str, str]:
+    import torch
+    from torch.fx.node import map_arg
+
+    problems: dict[str, str] = {}
+    tenv: dict = {}
+    lenv: dict = {}  # each node's lowering output, where it has one (to find Unavailable outputs used later)
+    ctx = Context(np.float64, mask)
+    for node in graph.nodes:
+        if node.op == "placeholder":
+            v = values[node.name]
+            tenv[node] = torch.from_numpy(np.array(v, copy=True)) if isinstance(v, np.ndarray) else v
+            lenv[node] = v
+            continue
+        if node.op == "output":
+            break
+        if node.target is operator.getitem:
+            src, i = node.args
+            tenv[node] = tenv[src][i] if tenv[src] is not None else None  # torch could not run the op: nothing
+            lo = lenv.get(src)
+            lenv[node] = lo[i] if isinstance(lo, (tuple, list)) else None
+            continue
+        op = capture.op_name(node)
+        targs, tkwargs = _torch_arguments(node, tenv)
+        try:
+            if node.name in graph.draws.index:  # torch's op with the case's draw, as torch's run gets it
+                tout = randomness.torch_value(node.target, targs, tkwargs,
+                                              lambda kind, shape, name=node.name: mask.draw(name, kind, shape))
+            else:
+                tout = node.target(*targs, **tkwargs)
+        except Exception:  # torch cannot run its own op in float64 here: nothing to hold the lowering to
+            tout = None
+        tenv[node] = tout
+        if node.name in graph.problems or tout is None:
+            lenv[node] = None
+            continue
+        nargs = map_arg(node.args, lambda n: _to_numpy(tenv[n]))
+        nkwargs = map_arg(node.kwargs, lambda n: _to_numpy(tenv[n]))
+        used = map_arg(node.args, lambda n: lenv.get(n))
+        missing = _unavailable_in(list(used) if isinstance(used, (list, tuple)) else [used], {})
+        if missing is not None:
+            problems[node.name] = (f"{op} uses {missing.what}, which the lowering does not compute: "
+                                   f"{capture.where(node)}")
+            lenv[node] = None
+            continue
+        nargs, nkwargs = _arguments_from(nargs, nkwargs, ctx.floats)
+        ctx.node, ctx.op = node, op
+        try:
+            out = lowering_of(graph, op)(ctx, *nargs, **nkwargs)
+        except (LoweringError, BackendOpMissing) as exc:  # a form the table does not lower: said as such
+            problems[node.name] = (f"{exc} ({capture.where(node)}); "
+                                   + capture.WAYS_TO_LOWER.format(op=capture.spelled(op)))
+            lenv[node] = None
+            continue
+        except Exception as exc:  # torch ran the op on these arguments, so the lowering should have: a bug
+            problems[node.name] = (f"the lowering of {op} raised {type(exc).__name__}: {exc}, on arguments torch's "
+                                   f"{op} takes ({capture.where(node)}); this is a bug in gradcheck/frontends/torch/aten.py")
+            lenv[node] = None
+            continue
+        lenv[node] = out
+        why = None if op in UNINITIALISED else _differ(tout, out, floor=_input_scale(node, tenv))
+        if why:
+            problems[node.name] = (f"the lowering of {op} disagrees with torch's {op} ({why}), "
+                                   f"{capture.where(node)}; this is a bug in gradcheck/frontends/torch/aten.py (a form of "
+                                   "the op it does not lower should raise LoweringError): the tape and jax cannot "
+                                   "check this case until it is fixed")
+    return problems
+
+
+def _input_scale(node, tenv) -> float:
+    """The typical magnitude of a node's float inputs, below which its output's rounding noise is not judged.
+
+    A value computed by cancellation, such as BatchNorm's running mean of an
+    already normalised input (9.9e-15 for inputs of size 1), is rounding noise
+    of the inputs' size: two correct kernels that sum in another order differ
+    there by 1e-22, which is 1e-8 of the value itself, and nothing at the
+    inputs' scale.  The typical magnitude (``_typical_magnitude``), not the
+    largest: a mask's sentinel is large and adds no noise.
+    """
+    import torch
+
+    scale = 0.0
+    for n in node.all_input_nodes:
+        v = tenv.get(n)
+        if isinstance(v, torch.Tensor) and v.is_floating_point() and v.numel():
+            scale = max(scale, _typical_magnitude(v.detach().cpu().numpy()))
+    return scale
+
+
+def _typical_magnitude(values: np.ndarray) -> float:
+    """The median of the finite, non-zero magnitudes of ``values`` (a subsample's, for a large tensor), float
+    extremes (a mask filled with finfo.min) left out; 0.0 when there are none."""
+    a = np.abs(values[np.isfinite(values)]).ravel()
+    a = a[:: max(1, a.size // 65536)]
+    a = a[(a > 0) & (a < EXTREME)]
+    return float(np.median(a)) if a.size else 0.0
+
+
+def _torch_arguments(node, tenv):
+    import torch
+    from torch.fx.node import map_arg
+
+    def convert(v):
+        if isinstance(v, torch.dtype) and v.is_floating_point:
+            return torch.float64  # the graph's float dtype is the run's, float64 here
+        if isinstance(v, torch.device):
+            return torch.device("cpu")  # the check runs on the numpy values' side, whatever the module's device
+        if isinstance(v, (list, tuple)):
+            return type(v)(convert(x) for x in v)
+        return v
+
+    args = convert(map_arg(node.args, tenv.__getitem__))
+    kwargs = {k: convert(v) for k, v in map_arg(node.kwargs, tenv.__getitem__).items()}
+    return args, kwargs
+
+
+def _arguments_from(args, kwargs, floats):
+    import torch
+
+    def convert(v):
+        if isinstance(v, torch.dtype):
+            return numpy_dtype(v, floats)
+        if isinstance(v, (list, tuple)):
+            return type(v)(convert(x) for x in v)
+        return v
+
+    return convert(args), {k: convert(v) for k, v in kwargs.items()}
+
+
+def _to_numpy(v):
+    import torch
+
+    if isinstance(v, torch.Tensor):
+        return v.detach().cpu().numpy().copy()
+    if isinstance(v, (list, tuple)):
+        return type(v)(_to_numpy(x) for x in v)
+    return v
+
+
+def _differ(tout, lout, rtol: float = VERIFY_RTOL, floor: float = 0.0) -> str | None:
+    """Why a lowering's output differs from torch's (shape, dtype, values), or None.
+
+    Values differ beyond ``rtol`` times the larger of torch's largest
+    magnitude and ``floor``, the scale of the op's inputs (``_input_scale``).
+    An integer or bool output must have torch's dtype and equal it exactly.
+    """
+    import torch
+
+    if isinstance(lout, Unavailable) or lout is None:
+        return None
+    if isinstance(tout, (tuple, list)):
+        if not isinstance(lout, (tuple, list)) or len(lout) != len(tout):
+            return f"torch returns {len(tout)} values, the lowering {type(lout).__name__}"
+        for i, (t, lo) in enumerate(zip(tout, lout)):
+            why = _differ(t, lo, rtol, floor)
+            if why:
+                return f"output {i}: {why}"
+        return None
+    if not isinstance(tout, torch.Tensor):
+        return None
+    t = tout.detach().cpu().numpy()
+    a = np.asarray(lout) if not hasattr(lout, "value") else np.asarray(lout.value)
+    if a.shape != t.shape:
+        return f"shape {a.shape}, torch's {t.shape}"
+    tk, ak = t.dtype.kind, a.dtype.kind
+    if (tk == "f") != (ak == "f") or (tk != "f" and a.dtype != t.dtype):
+        return f"dtype {a.dtype}, torch's {t.dtype}"
+    if tk != "f":
+        if not np.array_equal(a.astype(t.dtype), t):
+            return f"{int(np.sum(a.astype(t.dtype) != t))} of {t.size} elements differ"
+        return None
+    a64, t64 = a.astype(np.float64), t.astype(np.float64)
+    # Which entries are NaN, +inf and -inf (a NaN's sign is NaN: it must not reach the comparison).
+    same_special = np.array_equal(np.isnan(a64), np.isnan(t64)) and np.array_equal(
+        np.where(np.isinf(a64), np.sign(a64), 0.0), np.where(np.isinf(t64), np.sign(t64), 0.0))
+    if not same_special:
+        return "NaN or infinite entries differ"
+    finite = np.isfinite(t64)
+    if not finite.any():
+        return None
+    err = float(np.max(np.abs(a64[finite] - t64[finite]), initial=0.0))
+    scale = float(np.max(np.abs(t64[finite]), initial=0.0))
+    if err > rtol * max(scale, floor, np.finfo(np.float64).tiny):
+        inputs = f" and its inputs' {floor:.3g}" if floor > scale else ""
+        return f"max |difference| {err:.3g} where max |torch| is {scale:.3g}{inputs}"
+    return None
