@@ -29,7 +29,8 @@ import functools
 
 import numpy as np
 
-PARAM, BUFFER, STATIC, CHILD = "param", "buffer", "static", "child"
+# The field kinds live with the walker that reads them (gradcheck.tree); they are this module's names too.
+from gradcheck.tree import BUFFER, CHILD, PARAM, STATIC, describe, leaves_with_paths, owner_of
 
 
 def _field(kind, default, **meta):
@@ -138,8 +139,6 @@ class Module:
         ``kind`` is ``param``, ``frozen`` or ``buffer``.  None-valued fields
         (a disabled bias) are skipped.
         """
-        from gradcheck.tree import leaves_with_paths
-
         for leaf in leaves_with_paths(self, prefix):
             yield leaf.path, leaf.value, leaf.kind
 
@@ -169,8 +168,6 @@ class Module:
         return name in self.__dict__.get("_frozen", ())
 
     def _owner_of(self, path: str):
-        from gradcheck.tree import owner_of
-
         return owner_of(self, path)
 
     # -- modes ---------------------------------------------------------------
@@ -193,8 +190,6 @@ class Module:
                         yield from sub.modules()
 
     def __repr__(self):
-        from gradcheck.tree import describe
-
         return describe(self)
 
 

@@ -3,6 +3,11 @@
 ``map_leaves`` is the one walker: it rebuilds a structure with every array
 leaf passed through a function (to move parameters onto a backend, or to
 put gradients in their place) and every static value passed through another.
+
+A node with fields is anything whose class has ``field_kinds()`` (yielding
+``(name, kind, inline)`` with the kinds below) and ``is_frozen(name)``:
+``gradcheck.module.Module`` is one.  The walker asks for nothing else, so
+this module does not import the one that defines modules.
 """
 
 from __future__ import annotations
@@ -15,7 +20,9 @@ from typing import Any
 import numpy as np
 
 from gradcheck.backends import backend_of
-from gradcheck.module import BUFFER, CHILD, PARAM, Module
+
+# Field kinds of a node (``gradcheck.module`` declares its fields with them).
+PARAM, BUFFER, STATIC, CHILD = "param", "buffer", "static", "child"
 
 # Leaf kinds: a module's trainable "param", a "frozen" param, a "buffer", or an
 # "array" given directly as (part of) an argument.
@@ -49,6 +56,11 @@ def join(prefix: str, name) -> str:
     return f"{prefix}.{name}" if prefix else name
 
 
+def is_node(x) -> bool:
+    """Whether ``x`` has fields to walk (a module): its class has ``field_kinds``."""
+    return callable(getattr(type(x), "field_kinds", None))
+
+
 def _is_array(x) -> bool:
     return not isinstance(x, (bool, int, float, complex)) and backend_of(x) is not None
 
@@ -59,7 +71,7 @@ def map_leaves(tree, leaf_fn: Callable[[str, Any, str], Any], prefix: str = "",
 
     Modules are copied shallowly, so the original is never modified.
     """
-    if isinstance(tree, Module):
+    if is_node(tree):
         new = copy.copy(tree)
         for name, kind, inline in tree.field_kinds():
             value = getattr(tree, name)
@@ -116,13 +128,13 @@ def structural_grads(tree, grads: dict[str, Any], prefix: str = ""):
     return map_leaves(tree, leaf, prefix, static_fn=lambda v: None)
 
 
-def owner_of(module: Module, path: str):
+def owner_of(module, path: str):
     """The module that owns the field at ``path``, and the field's name."""
     parts = path.split(".")
     node = module
     for part in parts[:-1]:
         node = _step(node, part)
-    if isinstance(node, Module):
+    if is_node(node):
         name = parts[-1]
         if any(field == name for field, _, _ in node.field_kinds()):
             return node, name
@@ -132,7 +144,7 @@ def owner_of(module: Module, path: str):
 def _step(node, part):
     if isinstance(node, (list, tuple)):
         return node[int(part)]
-    if isinstance(node, Module):
+    if is_node(node):
         for name, kind, inline in node.field_kinds():
             if kind == CHILD and inline:
                 value = getattr(node, name)
@@ -146,13 +158,13 @@ def _step(node, part):
 def describe(tree, indent: int = 0) -> str:
     """A readable one-field-per-line view of a module or gradient structure."""
     pad = "  " * indent
-    if isinstance(tree, Module):
+    if is_node(tree):
         lines = [f"{type(tree).__name__}("]
         for name, _, _ in tree.field_kinds():
             lines.append(f"{pad}  {name}={describe(getattr(tree, name), indent + 1)},")
         lines.append(f"{pad})")
         return "\n".join(lines)
-    if isinstance(tree, (list, tuple)) and any(isinstance(v, Module) for v in tree):
+    if isinstance(tree, (list, tuple)) and any(is_node(v) for v in tree):
         inner = ",\n".join(f"{pad}  {describe(v, indent + 1)}" for v in tree)
         open_, close = ("[", "]") if isinstance(tree, list) else ("(", ")")
         return f"{open_}\n{inner}\n{pad}{close}"
@@ -165,7 +177,7 @@ def describe(tree, indent: int = 0) -> str:
 
 def modules_with_paths(tree, prefix: str = ""):
     """Yield ``(path, module)`` for every module in ``tree``, depth first (the root's path is ``prefix``)."""
-    if isinstance(tree, Module):
+    if is_node(tree):
         yield prefix, tree
         for name, kind, inline in tree.field_kinds():
             if kind == CHILD:

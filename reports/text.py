@@ -403,6 +403,31 @@ def loss_sentence(traj, step: int) -> str:
     return clean_line(f"{head}: " + ", ".join(f"{b} {_loss_text(v, digits)}" for b, v in values.items()))
 
 
+def trajectory_message(traj, parting: list[LeafResult], diverged: int | None) -> str:
+    """``Trajectory.message``, written once from the trajectory's numbers (``gradcheck.check.trajectory``).
+
+    Where the trajectories part (``parting``: what disagrees after step
+    ``traj.parted``), that they diverged alike (non-finite on every backend
+    from step ``diverged``), which backend failed, or "" when they agree.
+    """
+    if traj.parted is not None:
+        worst = max(parting, key=lambda leaf: leaf.headroom)
+        pair = max(worst.pairs, key=lambda p: p.headroom, default=None)
+        detail = pair.message if pair is not None and pair.message else worst.message or worst.verdict
+        what = ", ".join(leaf.path for leaf in parting[:3]) + (f" and {len(parting) - 3} more" if len(parting) > 3
+                                                                 else "")
+        who = (f"{', '.join(traj.blame)} {'leaves' if len(traj.blame) == 1 else 'leave'} the others (by majority)"
+               if traj.blame else "no majority says which backend is off")
+        return (f"the trajectories part after step {traj.parted}: {who} on {what} — {detail}; "
+                f"{loss_sentence(traj, traj.parted)}")
+    if diverged:
+        return (f"the training diverged alike on every backend: losses or parameters are not finite after "
+                f"step {diverged} (a smaller --lr keeps them finite); what stayed finite agrees")
+    if traj.verdict == "error":
+        return "; ".join(f"{b} failed at {t.splitlines()[0]}" for b, t in traj.errors.items())
+    return ""
+
+
 def trajectory_head(traj) -> str:
     """``3 adam steps (lr 0.001): the trajectories agree`` or where they part."""
     what = f"{traj.steps} {traj.optimizer} step{'s' if traj.steps != 1 else ''} (lr {fmt(traj.lr)})"

@@ -74,3 +74,37 @@ def unavailable(monkeypatch, backend: str, reason: str = REASON) -> None:
         raise BackendUnavailable(reason)
 
     monkeypatch.setattr(get_backend(backend), "evaluate", refuse)
+
+
+def wrong_sin_gradient(monkeypatch, backend: str, factor: float) -> None:
+    """That backend's gradient of ``ops.sin`` ``factor`` times too large, its forward value untouched."""
+    if backend == "tape":
+        original = tape_ops.sin.vjps[0]
+        monkeypatch.setitem(tape_ops.sin.vjps, 0, lambda g, ans, x: ops.mul(original(g, ans, x), factor))
+    elif backend == "torch":
+        import torch
+
+        from gradcheck.backends.torch import ops as torch_ops
+
+        class Sin(torch.autograd.Function):
+            @staticmethod
+            def forward(ctx, x):
+                ctx.save_for_backward(x)
+                return torch.sin(x)
+
+            @staticmethod
+            def backward(ctx, g):
+                return g * torch.cos(ctx.saved_tensors[0]) * factor
+
+        monkeypatch.setattr(torch_ops, "sin", Sin.apply)
+    else:
+        import jax
+
+        from gradcheck.backends.jax import ops as jax_ops
+
+        @jax.custom_vjp
+        def sin(x):
+            return jax.numpy.sin(x)
+
+        sin.defvjp(lambda x: (jax.numpy.sin(x), x), lambda x, g: (g * jax.numpy.cos(x) * factor,))
+        monkeypatch.setattr(jax_ops, "sin", sin)

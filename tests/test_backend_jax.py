@@ -1,20 +1,42 @@
 """The JAX backend: every op against the numpy forward, gradients against the tape, driver contracts.
 
-Op rows are one line each and run two ways: in float64, compiled, the forward
-against the numpy backend (tight) and the gradient of a random-cotangent loss
-against the tape (~1e-10); in float32, eager, the forward against numpy (loose).
+The op samples are the op database's (``tests/op_db.py``), and each runs two
+ways: in float64, compiled, the forward against the numpy backend (tight) and
+the gradient of a random-cotangent loss against the tape (~1e-10); in
+float32, eager, the forward against numpy (loose).
 """
 
 from __future__ import annotations
 
 import subprocess
 import sys
-from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import pytest
+from op_db import (
+    ATT_BIAS_FULL,
+    ATT_MASK,
+    ATT_MASK_B,
+    BCE_POS,
+    BCE_W,
+    BN_RM,
+    BN_RV,
+    CE_P,
+    CE_T_IGN,
+    CE_T_IGN1,
+    CE_T_MAP,
+    CE_W,
+    CE_W3,
+    DROP4,
+    IDS5,
+    OPS,
+    REDUCTIONS,
+    Sample,
+    all_samples,
+    running_stats,
+    sample,
+)
 
 pytest.importorskip("jax")
 
@@ -43,383 +65,38 @@ def assert_close(actual, expected, what, rtol, atol):
     np.testing.assert_allclose(actual, expected, rtol=rtol, atol=atol, err_msg=f"{what} (jax vs reference)")
 
 
-# ---------------------------------------------------------------- the op table
-@dataclass
-class Row:
-    op: str  # the gradcheck.ops name this row covers
-    fn: Callable  # (*float arrays) -> array, written with gradcheck.ops; constants are closed over
-    inputs: tuple  # shapes (random normal) or arrays (used as given)
-    id: str
-    grad: bool = True  # False for boolean outputs
-    positive: bool = False  # draw inputs from [0.5, 2] (log, sqrt, pow with float exponents)
-
-    def arrays(self, seed):
-        rng = np.random.default_rng(seed)
-        out = []
-        for spec in self.inputs:
-            if isinstance(spec, np.ndarray):
-                out.append(spec.astype(np.float64))
-            elif self.positive:
-                out.append(rng.uniform(0.5, 2.0, size=spec))
-            else:
-                out.append(rng.standard_normal(spec))
-        return out
+# ---------------------------------------------------------------- the samples
+# Every fixed sample of the op database (tests/op_db.py); the framework kernels' samples (F.linear,
+# F.batch_norm, attention, losses) check what a jax model runs against the derived composition
+# (forward, numpy) and the tape (gradients).
+SAMPLES = all_samples()
 
 
-def row(op, fn, *inputs, id="", **kw):
-    return Row(op, fn, inputs, f"{op}-{id}" if id else op, **kw)
+def _params(samples):
+    return [pytest.param(s, id=s.id) for s in samples]
 
 
-MASK = np.array([[True, False, True, True], [False, False, True, False], [True, True, False, True]])
-IDX = np.array([2, 0, 2, 1])
-TIES = np.array([[1.0, 3.0, 3.0, -2.0], [0.5, 0.5, 0.5, 0.5], [0.0, -1.0, 2.0, 2.0]])
-# Rows with one zero (its gradient: the others' product), two (all 0) and none.
-PROD_ZEROS = np.array([[1.5, 0.0, -2.0, 0.5], [0.0, 1.5, 0.0, 2.0], [0.5, -1.5, 1.2, 0.8]])
-POOL_TIES = np.tile(np.array([[1.0, 1.0, 0.0], [1.0, 0.5, 0.0], [0.0, 0.0, 0.0]]), (1, 2, 2, 2))
-
-ROWS = [
-    row("asarray", lambda x: ops.mul(x, ops.asarray(np.linspace(0.5, 1.5, 4), like=x)), (3, 4)),
-    row("astype", lambda x: ops.astype(x, np.float32), (3, 4), grad=False),  # a float32 loss: see round-trip
-    # Back to the input's dtype, so that the loss is summed in float64.
-    row("astype", lambda x: ops.astype(ops.astype(x, np.float32), ops.dtype_of(x)), (3, 4), id="round-trip"),
-    row("zeros_like", lambda x: ops.add(x, ops.zeros_like(x)), (3, 4)),
-    row("stop_gradient", lambda x, y: ops.mul(x, ops.stop_gradient(y)), (3, 4), (3, 4)),
-    row("add", ops.add, (2, 1, 4), (3, 4), id="broadcast"),
-    row("add", lambda x: ops.add(x, 2.5), (3, 4), id="scalar"),
-    row("sub", ops.sub, (3, 4), (4,), id="broadcast"),
-    row("sub", lambda x: ops.sub(1.0, x), (3, 4), id="rscalar"),
-    row("mul", ops.mul, (2, 3, 1), (1, 4), id="broadcast"),
-    row("div", ops.div, (3, 4), (3, 1), id="broadcast", positive=True),
-    row("div", lambda x: ops.div(2.0, x), (3, 4), id="rscalar", positive=True),
-    row("neg", ops.neg, (3, 4)),
-    row("pow", lambda x: ops.pow(x, 3), (3, 4), id="int"),
-    row("pow", lambda x: ops.pow(x, 2.5), (3, 4), id="float", positive=True),
-    row("pow", ops.pow, (3, 4), (4,), id="array", positive=True),
-    row("maximum", ops.maximum, (3, 4), (3, 1), id="broadcast"),
-    row("maximum", ops.maximum, TIES, TIES[::-1].copy(), id="ties"),
-    row("minimum", ops.minimum, (3, 4), (4,), id="broadcast"),
-    row("minimum", lambda x: ops.minimum(x, 0.0), TIES, id="ties"),
-    row("where", lambda a, b: ops.where(MASK, a, b), (3, 4), (4,), id="numpy-mask"),
-    row("where", lambda a: ops.where(ops.greater(a, 0.0), a, 0.5), (3, 4), id="scalar-branch"),
-    row("exp", ops.exp, (3, 4)),
-    row("expm1", ops.expm1, (3, 4)),
-    row("log", ops.log, (3, 4), positive=True),
-    row("log1p", ops.log1p, (3, 4), positive=True),
-    row("sqrt", ops.sqrt, (3, 4), positive=True),
-    row("rsqrt", ops.rsqrt, (3, 4), positive=True),
-    row("abs", ops.abs, (3, 4)),
-    row("abs", ops.abs, TIES - 0.5, id="zeros"),
-    row("sin", ops.sin, (3, 4)),
-    row("cos", ops.cos, (3, 4)),
-    row("tanh", ops.tanh, (3, 4)),
-    row("sigmoid", ops.sigmoid, np.array([-40.0, -3.0, -0.5, 0.0, 0.7, 4.0, 40.0])),
-    row("erf", ops.erf, (3, 4)),
-    row("atan", lambda x: ops.atan(ops.mul(x, 3.0)), (3, 4)),
-    row("relu", ops.relu, TIES - 1.0),
-    row("leaky_relu", lambda x: ops.leaky_relu(x, 0.2), TIES - 1.0),
-    row("elu", lambda x: ops.elu(x, alpha=1.5), TIES - 1.0),
-    row("elu", ops.elu, np.array([-30.0, -1.0, 0.5, 80.0]), id="extremes"),
-    row("gelu", ops.gelu, (3, 4), id="erf"),
-    row("gelu", lambda x: ops.gelu(x, approximate="tanh"), (3, 4), id="tanh"),
-    row("silu", ops.silu, (3, 4)),
-    row("softplus", ops.softplus, np.array([-40.0, -3.0, -0.5, 0.0, 0.7, 4.0, 40.0])),
-    row("greater", ops.greater, (3, 4), (4,), grad=False),
-    row("less", ops.less, (3, 4), (3, 1), grad=False),
-    row("equal", lambda x: ops.equal(x, ops.maximum(x, 0.0)), (3, 4), grad=False),
-    row("matmul", ops.matmul, (2, 3, 4), (4, 5), id="batch"),
-    row("matmul", ops.matmul, (2, 1, 3, 4), (5, 4, 2), id="broadcast-batch"),
-    row("matmul", ops.matmul, (4,), (2, 4, 3), id="vector-left"),
-    row("matmul", ops.matmul, (3, 4), (4,), id="vector-right"),
-    row("matmul", ops.matmul, (4,), (4,), id="dot"),
-    row("einsum", lambda a, b: ops.einsum("ij,jk->ik", a, b), (3, 4), (4, 2), id="matrix"),
-    row("einsum", lambda a, b: ops.einsum("bij,bkj->bik", a, b), (2, 3, 4), (2, 5, 4), id="batch"),
-    row("einsum", lambda a, b: ops.einsum("nchw,oh->ncow", a, b), (2, 2, 3, 4), (5, 3), id="contract"),
-    row("einsum", lambda a: ops.einsum("ijk->ki", a), (2, 3, 4), id="unary"),
-    row("einsum", lambda a, b: ops.einsum("...ij,...jk->...ik", a, b), (5, 1, 2, 3), (4, 3, 2), id="ellipsis"),
-    row("einsum", lambda a, b: ops.einsum("ij...,jk", a, b), (2, 3, 5), (3, 4), id="implicit"),
-    # An output that leaves '...' out sums over those dims, as torch's einsum does (numpy's refuses the form).
-    row("einsum", lambda a, b: ops.einsum("...ik, ...j -> ij", a, b), (2, 3, 4), (1, 5), id="ellipsis-summed"),
-    row("sum", ops.sum, (2, 3, 4), id="all"),
-    row("sum", lambda x: ops.sum(x, axis=1), (2, 3, 4), id="int"),
-    row("sum", lambda x: ops.sum(x, axis=(0, 2), keepdims=True), (2, 3, 4), id="tuple-keepdims"),
-    row("sum", lambda x: ops.sum(x, axis=[-1, 0]), (2, 3, 4), id="list"),
-    row("mean", ops.mean, (2, 3, 4), id="all"),
-    row("mean", lambda x: ops.mean(x, axis=(0, 2), keepdims=True), (2, 3, 4), id="tuple-keepdims"),
-    row("var", lambda x: ops.var(x, axis=(0, 2)), (2, 3, 4), id="tuple"),
-    row("var", lambda x: ops.var(x, axis=-1, keepdims=True, ddof=1), (2, 3, 4), id="ddof"),
-    row("var", ops.var, (2, 3, 4), id="all"),
-    row("normalize", lambda x, w, b: ops.normalize(x, (0, 2, 3), 1e-5, weight=w, bias=b)[0], (3, 4, 5, 2),
-        (1, 4, 1, 1), (1, 4, 1, 1), id="batchnorm"),
-    row("normalize", lambda x, w, b: ops.normalize(x, (-2, -1), 1e-5, weight=w, bias=b)[0], (2, 3, 4, 5), (4, 5),
-        (4, 5), id="layernorm"),
-    row("normalize", lambda x: ops.normalize(x, (2,), 1e-5)[0], (2, 3, 4), id="groups"),
-    row("normalize", lambda x: ops.normalize(x, (0, 2), 1e-5)[1], (3, 4, 2), id="mean", grad=False),
-    row("normalize", lambda x: ops.normalize(x, -1, 1e-5)[2], (3, 4, 2), id="var", grad=False),
-    row("max", ops.max, (2, 3, 4), id="all"),
-    row("max", lambda x: ops.max(x, axis=1, keepdims=True), (2, 3, 4), id="int-keepdims"),
-    row("max", lambda x: ops.max(x, axis=1), TIES, id="ties"),
-    row("min", lambda x: ops.min(x, axis=(0, 2)), (2, 3, 4), id="tuple"),
-    row("min", lambda x: ops.min(x, axis=-1), TIES, id="ties"),
-    row("prod", ops.prod, (3, 4), id="all", positive=True),
-    row("prod", lambda x: ops.prod(x, axis=(0, 2), keepdims=True), (2, 3, 4), id="tuple-keepdims"),
-    row("prod", lambda x: ops.prod(x, axis=1), PROD_ZEROS, id="zeros"),
-    row("topk", lambda x: ops.topk(x, 2, axis=1)[0], (3, 5), id="values"),
-    row("topk", lambda x: ops.topk(x, 3, axis=0, largest=False)[0], (4, 2, 3), id="smallest-axis0"),
-    row("topk", lambda x: ops.topk(x, 2)[1], (3, 5), id="indices", grad=False),
-    row("logsumexp", ops.logsumexp, (2, 3, 4), id="all"),
-    row("logsumexp", lambda x: ops.logsumexp(x, axis=1, keepdims=True), (2, 3, 4), id="keepdims"),
-    row("logsumexp", lambda x: ops.logsumexp(x * 100.0, axis=(0, 2)), (2, 3, 4), id="large"),
-    row("softmax", ops.softmax, (2, 3, 4), id="last"),
-    row("softmax", lambda x: ops.softmax(x, axis=1), (2, 3, 4), id="axis1"),
-    row("log_softmax", ops.log_softmax, (2, 3, 4), id="last"),
-    row("log_softmax", lambda x: ops.log_softmax(x * 50.0, axis=0), (2, 3, 4), id="axis0-large"),
-    row("reshape", lambda x: ops.reshape(x, (4, -1)), (2, 3, 4)),
-    row("transpose", ops.transpose, (2, 3, 4), id="reverse"),
-    row("transpose", lambda x: ops.transpose(x, (1, 2, 0)), (2, 3, 4), id="axes"),
-    row("broadcast_to", lambda x: ops.broadcast_to(x, (2, 3, 4)), (3, 1)),
-    row("concatenate", lambda a, b: ops.concatenate([a, b], axis=1), (2, 3), (2, 2)),
-    row("concatenate", lambda a, b: ops.concatenate((a, b)), (2, 3), (1, 3), id="axis0"),
-    row("stack", lambda a, b: ops.stack([a, b], axis=-1), (2, 3), (2, 3)),
-    row("getitem", lambda x: ops.getitem(x, (slice(1, None), slice(None, None, 2))), (3, 5), id="slices"),
-    row("getitem", lambda x: ops.getitem(x, (Ellipsis, None, -1)), (2, 3, 4), id="ellipsis-newaxis"),
-    row("getitem", lambda x: ops.getitem(x, 1), (3, 4), id="int"),
-    row("getitem", lambda x: ops.getitem(x, IDX), (3, 4), id="int-array-repeats"),
-    row("getitem", lambda x: ops.getitem(x, (slice(None), np.array([-1, 1, 1]))), (3, 4), id="negative-array"),
-    row("getitem", lambda x: ops.getitem(x, (np.array([0, 2]), np.array([3, 3]))), (3, 4), id="paired-arrays"),
-    row("getitem", lambda x: ops.getitem(x, [2, 2, 0]), (3, 4), id="list"),
-    row("getitem", lambda x: ops.getitem(x, MASK), (3, 4), id="bool-mask"),
-    row("take", lambda x: ops.take(x, IDX), (3, 4), id="embedding"),
-    row("take", lambda x: ops.take(x, np.array([[3, 0], [0, 1]]), axis=-1), (3, 4), id="last-2d"),
-    row("pad", lambda x: ops.pad(x, ((0, 0), (1, 2))), (3, 4)),
-    row("pad", lambda x: ops.pad(x, ((1, 0), (0, 0), (2, 1)), value=0.5), (2, 3, 4), id="value"),
-    row("pad", lambda x: ops.pad(x, 1), (2, 3), id="int"),
-    row("pad", lambda x: ops.pad(x, ((2, 1),)), (2, 3), id="broadcast-pair"),
-    row("conv", ops.conv, (2, 3, 6, 5), (4, 3, 3, 3), id="basic"),
-    row("conv", lambda x, w, b: ops.conv(x, w, b, stride=2, padding=1), (2, 3, 7, 6), (4, 3, 3, 3), (4,), id="stride-pad-bias"),
-    row("conv", lambda x, w: ops.conv(x, w, stride=(2, 1), padding=(1, 0), dilation=(1, 2)), (1, 2, 7, 8), (3, 2, 3, 2), id="tuples"),
-    row("conv", lambda x, w: ops.conv(x, w, dilation=2, groups=2), (2, 4, 7, 7), (6, 2, 3, 3), id="dilation-groups"),
-    row("conv", lambda x, w: ops.conv(x, w, groups=3), (1, 3, 5, 5), (3, 1, 3, 3), id="depthwise"),
-    row("conv", lambda x, w: ops.conv(x, w, padding="same"), (1, 2, 5, 6), (3, 2, 4, 3), id="same-even"),
-    row("conv", lambda x, w: ops.conv(x, w, padding="same", dilation=(2, 1)), (1, 2, 7, 6), (2, 2, 2, 2), id="same-dilated"),
-    row("conv", lambda x, w: ops.conv(x, w, padding="valid"), (1, 2, 5, 6), (3, 2, 2, 3), id="valid"),
-    row("conv", lambda x, w, b: ops.conv(x, w, b, stride=2, padding=1, dilation=2, groups=2), (2, 4, 11), (6, 2, 3), (6,), id="1d"),
-    row("conv", lambda x, w: ops.conv(x, w, padding="same"), (2, 3, 8), (2, 3, 4), id="1d-same"),
-    row("conv_transpose", ops.conv_transpose, (2, 3, 4, 5), (3, 2, 3, 3), id="basic"),
-    row("conv_transpose", lambda x, w, b: ops.conv_transpose(x, w, b, stride=2, padding=1, output_padding=1), (2, 3, 4, 3), (3, 2, 3, 3), (2,), id="stride-outpad-bias"),
-    row("conv_transpose", lambda x, w: ops.conv_transpose(x, w, stride=(2, 3), padding=(0, 1), output_padding=(1, 2), groups=2), (1, 4, 3, 3), (4, 3, 2, 3), id="groups-tuples"),
-    row("conv_transpose", lambda x, w: ops.conv_transpose(x, w, dilation=2, padding=1, groups=2), (1, 4, 4, 4), (4, 1, 3, 2), id="dilation"),
-    row("conv_transpose", lambda x, w: ops.conv_transpose(x, w, stride=3, padding=2), (1, 2, 4, 4), (2, 2, 2, 2), id="crop"),
-    row("conv_transpose", lambda x, w, b: ops.conv_transpose(x, w, b, stride=3, padding=1, output_padding=2, dilation=2, groups=3), (2, 3, 5), (3, 2, 3), (6,), id="1d"),
-    row("max_pool2d", lambda x: ops.max_pool2d(x, 2), (2, 3, 6, 5), id="basic"),
-    row("max_pool2d", lambda x: ops.max_pool2d(x, 3, stride=2, padding=1), (2, 2, 7, 6), id="pad"),
-    row("max_pool2d", lambda x: ops.max_pool2d(x, (3, 2), stride=(1, 2), padding=(1, 1)), (1, 2, 5, 6), id="tuples"),
-    row("max_pool2d", lambda x: ops.max_pool2d(x, 2, stride=1), POOL_TIES, id="ties"),
-    row("avg_pool2d", lambda x: ops.avg_pool2d(x, 2), (2, 3, 6, 5), id="basic"),
-    row("avg_pool2d", lambda x: ops.avg_pool2d(x, 3, stride=2, padding=1), (2, 2, 7, 6), id="pad-include"),
-    row("avg_pool2d", lambda x: ops.avg_pool2d(x, 3, stride=2, padding=1, count_include_pad=False), (2, 2, 7, 6), id="pad-exclude"),
-    row("avg_pool2d", lambda x: ops.avg_pool2d(x, (2, 3), stride=(1, 2), padding=(1, 1), count_include_pad=False), (1, 2, 5, 6), id="tuples-exclude"),
-    row("adaptive_avg_pool2d", lambda x: ops.adaptive_avg_pool2d(x, 3), (2, 2, 5, 7), id="uneven"),
-    row("adaptive_avg_pool2d", lambda x: ops.adaptive_avg_pool2d(x, (2, 3)), (1, 2, 4, 6), id="even"),
-    row("adaptive_avg_pool2d", lambda x: ops.adaptive_avg_pool2d(x, 1), (2, 3, 3, 4), id="global"),
-    # ops for torch.export graphs: jax.nn's hard activations, jax.image.resize where it matches torch
-    row("hardswish", lambda x: ops.hardswish(ops.mul(x, 2.5)), (3, 8), id="hardswish"),
-    row("hardsigmoid", lambda x: ops.hardsigmoid(ops.mul(x, 2.5)), (3, 8), id="hardsigmoid"),
-    row("upsample_nearest2d", lambda x: ops.upsample_nearest2d(x, (6, 9)), (2, 2, 3, 4), id="nearest-up"),
-    row("upsample_nearest2d", lambda x: ops.upsample_nearest2d(x, (2, 3)), (1, 2, 5, 7), id="nearest-down"),
-    row("upsample_bilinear2d", lambda x: ops.upsample_bilinear2d(x, (6, 9)), (2, 2, 3, 4), id="bilinear-resize"),
-    row("upsample_bilinear2d", lambda x: ops.upsample_bilinear2d(x, (3, 4)), (1, 2, 5, 7), id="bilinear-down"),
-    row("upsample_bilinear2d", lambda x: ops.upsample_bilinear2d(x, (5, 7), align_corners=True), (1, 2, 3, 4),
-        id="bilinear-corners"),
-    row("upsample_bilinear2d", lambda x: ops.upsample_bilinear2d(x, (7, 7), scale_factor=1.5), (1, 2, 5, 5),
-        id="bilinear-factor"),
-]
-
-
-# ---------------------------------------------------------------- framework kernels
-# The ops a model library calls (F.linear, F.batch_norm, attention, losses):
-# the jax backend runs them with jax's own kernels and the model libraries'
-# formulations, so these rows check what a jax model runs against the
-# derived composition (forward, numpy) and the tape (gradients).
-_K = np.random.default_rng(7)
-BN_RM, BN_RV = np.linspace(-0.5, 0.5, 4), np.linspace(0.5, 1.5, 4)
-ATT_MASK = np.array([[True, False, True, True, False, True], [False, True, True, False, True, True],
-                     [True, True, False, False, False, True], [False, False, False, True, True, False]])  # (L, S)
-ATT_MASK_B = _K.random((2, 1, 4, 6)) < 0.5
-ATT_MASK_B[..., 2] = True  # every query attends to something (the rows below cover one that cannot)
-ATT_MASK_EMPTY = ATT_MASK_B.copy()
-ATT_MASK_EMPTY[1, 0, 3] = False  # query 3 of batch 1 may attend to nothing: zeros, as torch gives
-ATT_BIAS = _K.standard_normal((4, 6))
-ATT_BIAS_FULL = np.where(_K.random((2, 3, 4, 6)) < 0.2, -np.inf, _K.standard_normal((2, 3, 4, 6)))
-ATT_BIAS_FULL[..., 0] = 0.5
-DROP4 = np.where(_K.random((2, 3, 4, 6)) < 0.25, 0.0, 1 / 0.75)
-DROP3 = np.where(_K.random((2, 4, 6)) < 0.25, 0.0, 1 / 0.75)
-IDS = np.array([[3, 0, 1], [1, 1, 4]])
-CE_T = np.array([2, 0, 4, 1, 4, 3])
-CE_T_IGN = np.array([2, -100, 4, 1, -100, 3])
-CE_T_IGN1 = np.array([2, 1, 4, 1, 0, 3])  # ignore_index=1
-CE_W = np.linspace(0.5, 2.0, 5)
-CE_P = np.exp(_K.standard_normal((6, 5)))
-CE_P /= CE_P.sum(axis=1, keepdims=True)
-CE_T_MAP = _K.integers(0, 3, (2, 4, 5))
-CE_T_MAP[0, 1, :2] = -100
-CE_W3 = np.array([0.3, 1.0, 2.5])
-BCE_Y = _K.random((3, 4))
-BCE_HARD = (_K.random((3, 4)) < 0.5).astype(np.float64)
-BCE_POS = np.array([0.5, 1.0, 2.0, 3.0])
-BCE_W = _K.uniform(0.5, 1.5, (3, 4))
-REDUCTIONS = ("mean", "sum", "none")
-
-
-def _stats(out):
-    """batch_norm's updated running statistics as one array."""
-    return ops.concatenate([out[1], out[2]])
-
-
-KERNEL_ROWS = [
-    row("linear", ops.linear, (2, 3, 4), (5, 4), (5,), id="batch-bias"),
-    row("linear", ops.linear, (3, 4), (2, 4), id="no-bias"),
-    row("linear", ops.linear, (4,), (3, 4), (3,), id="vector"),
-    # batch_norm: train / eval, (N, C), (N, C, L), (N, C, H, W), with and without affine and running stats.
-    row("batch_norm", lambda x, w, b: ops.batch_norm(x, weight=w, bias=b)[0], (3, 4, 5, 2), (4,), (4,),
-        id="train-2d-affine"),
-    row("batch_norm", lambda x: ops.batch_norm(x)[0], (6, 4), id="train-1d"),
-    row("batch_norm", lambda x, w, b: ops.batch_norm(x, weight=w, bias=b, eps=1e-3)[0], (3, 4, 5), (4,), (4,),
-        id="train-1d-NCL-eps"),
-    row("batch_norm", lambda x, rm, rv, w: ops.batch_norm(x, rm, rv, weight=w)[0], (3, 4, 2, 3), BN_RM, BN_RV, (4,),
-        id="train-2d-stats-weight-only"),
-    row("batch_norm", lambda x, rm, rv: _stats(ops.batch_norm(x, rm, rv)), (3, 4, 2, 3), BN_RM, BN_RV,
-        id="train-2d-running-stats"),
-    row("batch_norm", lambda x, rm, rv: _stats(ops.batch_norm(x, rm, rv, momentum=0.3)), (5, 4), BN_RM, BN_RV,
-        id="train-1d-running-stats"),
-    # momentum a 0-d array: in x's backend (as 1/num_batches_tracked is), and an input (a tracer under jit).
-    row("batch_norm", lambda x, rm, rv: _stats(ops.batch_norm(x, rm, rv, momentum=ops.asarray(np.array(0.25), like=x))),
-        (3, 4, 2, 2), BN_RM, BN_RV, id="train-momentum-0d"),
-    row("batch_norm", lambda x, rm, rv, m: _stats(ops.batch_norm(x, rm, rv, momentum=m)), (3, 4, 5), BN_RM, BN_RV,
-        np.array(0.2), id="train-momentum-0d-input"),
-    row("batch_norm", lambda x, rm, rv, m: ops.batch_norm(x, rm, rv, momentum=m)[0], (3, 4, 5), BN_RM, BN_RV,
-        np.array(0.2), id="train-momentum-0d-output"),
-    row("batch_norm", lambda x, w, b: ops.batch_norm(x, ops.asarray(BN_RM, like=x), ops.asarray(BN_RV, like=x), w, b,
-                                                     training=False)[0], (3, 4, 2, 3), (4,), (4,), id="eval-2d-affine"),
-    row("batch_norm", lambda x, rm, rv: ops.batch_norm(x, rm, rv, training=False)[0], (5, 4), BN_RM, BN_RV,
-        id="eval-1d-stats-inputs"),
-    row("batch_norm", lambda x, rm, rv: _stats(ops.batch_norm(x, rm, rv, training=False)), (5, 4), BN_RM, BN_RV,
-        id="eval-stats-unchanged"),
-    row("layer_norm", lambda x, w, b: ops.layer_norm(x, (5,), w, b), (2, 3, 5), (5,), (5,), id="last"),
-    row("layer_norm", lambda x, w, b: ops.layer_norm(x, (4, 5), w, b), (2, 3, 4, 5), (4, 5), (4, 5), id="multi-dim"),
-    row("layer_norm", lambda x: ops.layer_norm(x, (3, 6), eps=1e-3), (2, 3, 6), id="no-affine-all-dims"),
-    row("layer_norm", lambda x, w: ops.layer_norm(x, [6], w), (4, 6), (6,), id="weight-only"),
-    row("group_norm", lambda x, w, b: ops.group_norm(x, 3, w, b), (2, 6, 4, 3), (6,), (6,), id="2d-affine"),
-    row("group_norm", lambda x: ops.group_norm(x, 2), (2, 4, 5), id="1d"),
-    row("group_norm", lambda x, w, b: ops.group_norm(x, 4, w, b, eps=1e-3), (2, 4, 3, 3), (4,), (4,),
-        id="instance"),
-    row("group_norm", lambda x, b: ops.group_norm(x, 1, bias=b), (3, 4, 2, 2), (4,), id="layer-bias-only"),
-    row("rms_norm", lambda x, w: ops.rms_norm(x, (5,), w), (2, 3, 5), (5,), id="last-dtype-eps"),
-    row("rms_norm", lambda x, w: ops.rms_norm(x, (3, 4), w, eps=1e-6), (2, 3, 4), (3, 4), id="multi-dim"),
-    row("rms_norm", lambda x: ops.rms_norm(x, (6,), eps=1e-5), (4, 6), id="no-weight"),
-    # attention, on (..., L, E): L=4 queries, S=6 keys.
-    row("scaled_dot_product_attention", ops.scaled_dot_product_attention, (2, 4, 3), (2, 6, 3), (2, 6, 3), id="rank3"),
-    row("scaled_dot_product_attention", ops.scaled_dot_product_attention, (2, 3, 4, 5), (2, 3, 6, 5), (2, 3, 6, 5),
-        id="rank4"),
-    row("scaled_dot_product_attention", ops.scaled_dot_product_attention, (4, 3), (6, 3), (6, 3), id="rank2"),
-    row("scaled_dot_product_attention", ops.scaled_dot_product_attention, (2, 2, 3, 4, 3), (2, 2, 3, 6, 3),
-        (2, 2, 3, 6, 3), id="rank5"),
-    row("scaled_dot_product_attention", ops.scaled_dot_product_attention, (2, 3, 4, 5), (1, 3, 6, 5), (1, 3, 6, 5),
-        id="broadcast-kv"),
-    row("scaled_dot_product_attention", ops.scaled_dot_product_attention, (2, 4, 3), (2, 6, 3), (2, 6, 2),
-        id="value-dim"),
-    row("scaled_dot_product_attention", lambda q, k, v: ops.scaled_dot_product_attention(q, k, v, attn_mask=ATT_MASK),
-        (2, 3, 4, 5), (2, 3, 6, 5), (2, 3, 6, 5), id="rank4-bool-mask-LS"),
-    row("scaled_dot_product_attention", lambda q, k, v: ops.scaled_dot_product_attention(q, k, v, attn_mask=ATT_MASK_B),
-        (2, 3, 4, 5), (2, 3, 6, 5), (2, 3, 6, 5), id="rank4-bool-mask-B1LS"),
-    row("scaled_dot_product_attention", lambda q, k, v: ops.scaled_dot_product_attention(q, k, v, attn_mask=ATT_MASK),
-        (2, 4, 3), (2, 6, 3), (2, 6, 3), id="rank3-bool-mask"),
-    row("scaled_dot_product_attention", lambda q, k, v: ops.scaled_dot_product_attention(q, k, v, attn_mask=ATT_BIAS),
-        (2, 4, 3), (2, 6, 3), (2, 6, 3), id="rank3-float-mask"),
-    row("scaled_dot_product_attention",
-        lambda q, k, v: ops.scaled_dot_product_attention(q, k, v, attn_mask=ATT_BIAS_FULL),
-        (2, 3, 4, 5), (2, 3, 6, 5), (2, 3, 6, 5), id="rank4-float-mask-inf"),
-    row("scaled_dot_product_attention",
-        lambda q, k, v: ops.scaled_dot_product_attention(q, k, v, attn_mask=ATT_MASK_EMPTY),
-        (2, 3, 4, 5), (2, 3, 6, 5), (2, 3, 6, 5), id="rank4-bool-mask-a-query-attends-nothing"),
-    row("scaled_dot_product_attention",
-        lambda q, k, v: ops.scaled_dot_product_attention(q, k, v, attn_mask=np.where(ATT_MASK_EMPTY, 0.0, -np.inf)),
-        (2, 3, 4, 5), (2, 3, 6, 5), (2, 3, 6, 5), id="rank4-float-mask-a-query-attends-nothing"),
-    row("scaled_dot_product_attention",
-        lambda q, k, v: ops.scaled_dot_product_attention(q, k, v, attn_mask=ATT_MASK_EMPTY, dropout_mask=DROP4),
-        (2, 3, 4, 5), (2, 3, 6, 5), (2, 3, 6, 5), id="rank4-bool-mask-dropout-a-query-attends-nothing"),
-    row("scaled_dot_product_attention", lambda q, k, v: ops.scaled_dot_product_attention(q, k, v, is_causal=True),
-        (2, 3, 5, 4), (2, 3, 5, 4), (2, 3, 5, 4), id="rank4-causal"),
-    row("scaled_dot_product_attention", lambda q, k, v: ops.scaled_dot_product_attention(q, k, v, is_causal=True),
-        (2, 4, 3), (2, 6, 3), (2, 6, 3), id="rank3-causal-L<S"),
-    row("scaled_dot_product_attention", lambda q, k, v: ops.scaled_dot_product_attention(q, k, v, is_causal=True),
-        (2, 6, 3), (2, 4, 3), (2, 4, 3), id="rank3-causal-L>S"),
-    row("scaled_dot_product_attention", lambda q, k, v: ops.scaled_dot_product_attention(q, k, v, scale=0.3),
-        (2, 3, 4, 5), (2, 3, 6, 5), (2, 3, 6, 5), id="rank4-scale"),
-    row("scaled_dot_product_attention",
-        lambda q, k, v: ops.scaled_dot_product_attention(q, k, v, dropout_mask=DROP4),
-        (2, 3, 4, 5), (2, 3, 6, 5), (2, 3, 6, 5), id="rank4-dropout"),
-    row("scaled_dot_product_attention",
-        lambda q, k, v: ops.scaled_dot_product_attention(q, k, v, attn_mask=ATT_MASK, dropout_mask=DROP3, scale=0.7),
-        (2, 4, 3), (2, 6, 3), (2, 6, 3), id="rank3-dropout-mask-scale"),
-    row("scaled_dot_product_attention",
-        lambda q, k, v: ops.scaled_dot_product_attention(q, k, v, dropout_mask=DROP3[:, :, :4], is_causal=True),
-        (2, 4, 3), (2, 4, 3), (2, 4, 3), id="rank3-dropout-causal"),
-    row("embedding", lambda w: ops.embedding(IDS, w), (5, 3), id="2d-ids"),
-    row("embedding", lambda w: ops.embedding(IDS[0], w, padding_idx=1), (5, 3), id="padding-idx"),
-    row("embedding", lambda w: ops.embedding(IDS, w, padding_idx=0), (5, 3), id="padding-idx-2d"),
-    *[row("cross_entropy", lambda x, r=r: ops.cross_entropy(x, CE_T, reduction=r), (6, 5), id=r) for r in REDUCTIONS],
-    *[row("cross_entropy", lambda x, r=r: ops.cross_entropy(x, CE_T_IGN, CE_W, reduction=r), (6, 5),
-          id=f"weight-ignore-{r}") for r in REDUCTIONS],
-    *[row("cross_entropy", lambda x, r=r: ops.cross_entropy(x, CE_T_IGN1, ignore_index=1, reduction=r), (6, 5),
-          id=f"ignore-index-1-{r}") for r in REDUCTIONS],
-    *[row("cross_entropy", lambda x, r=r: ops.cross_entropy(x, CE_T_IGN, reduction=r, label_smoothing=0.2), (6, 5),
-          id=f"smoothing-ignore-{r}") for r in REDUCTIONS],
-    *[row("cross_entropy", lambda x, p, r=r: ops.cross_entropy(x, p, CE_W, reduction=r), (6, 5), CE_P,
-          id=f"probabilities-weight-{r}") for r in REDUCTIONS],
-    *[row("cross_entropy", lambda x, p, r=r: ops.cross_entropy(x, p, reduction=r, label_smoothing=0.1), (6, 5), CE_P,
-          id=f"probabilities-smoothing-{r}") for r in REDUCTIONS],
-    *[row("cross_entropy", lambda x, r=r: ops.cross_entropy(x, CE_T_MAP, CE_W3, reduction=r), (2, 3, 4, 5),
-          id=f"spatial-weight-ignore-{r}") for r in REDUCTIONS],
-    *[row("nll_loss", lambda x, r=r: ops.nll_loss(x, CE_T, reduction=r), (6, 5), id=r) for r in REDUCTIONS],
-    *[row("nll_loss", lambda x, r=r: ops.nll_loss(x, CE_T_IGN, CE_W, reduction=r), (6, 5), id=f"weight-ignore-{r}")
-      for r in REDUCTIONS],
-    row("nll_loss", lambda x: ops.nll_loss(ops.log_softmax(x, axis=1), CE_T_MAP, CE_W3), (2, 3, 4, 5),
-        id="spatial-log-softmax"),
-    row("nll_loss", lambda x: ops.nll_loss(x, CE_T_IGN1, ignore_index=1, reduction="sum"), (6, 5), id="ignore-index-1"),
-    *[row("mse_loss", lambda x, y, r=r: ops.mse_loss(x, y, reduction=r), (3, 4), (3, 4), id=r) for r in REDUCTIONS],
-    row("mse_loss", lambda x, y: ops.mse_loss(x, y, reduction="none"), (2, 3, 4), (4,), id="broadcast"),
-    *[row("binary_cross_entropy_with_logits", lambda x, y, r=r: ops.binary_cross_entropy_with_logits(x, y, reduction=r),
-          (3, 4), BCE_Y, id=r) for r in REDUCTIONS],
-    *[row("binary_cross_entropy_with_logits",
-          lambda x, y, r=r: ops.binary_cross_entropy_with_logits(x, y, BCE_W, reduction=r, pos_weight=BCE_POS),
-          (3, 4), BCE_HARD, id=f"weight-pos-weight-{r}") for r in REDUCTIONS],
-    row("binary_cross_entropy_with_logits", lambda x, y: ops.binary_cross_entropy_with_logits(x, y, pos_weight=BCE_POS),
-        (3, 4), BCE_Y, id="soft-pos-weight"),
-    row("binary_cross_entropy_with_logits", lambda x, y: ops.binary_cross_entropy_with_logits(x, y, reduction="none"),
-        np.array([[-40.0, -3.0, 0.0, 40.0]]), np.array([[1.0, 0.0, 0.5, 0.0]]), id="extremes"),
-]
-ROWS += KERNEL_ROWS
-
-
-def _params(rows):
-    return [pytest.param(r, id=r.id) for r in rows]
+def _float64_params(samples):
+    """The samples, each a strict xfail where a known defect of jax (or of the tape) makes its gradient wrong."""
+    return [pytest.param(s, id=s.id, marks=[pytest.mark.xfail(strict=True, reason=bug)]
+                         if s.grad and (bug := OPS[s.op].bug("jax")) else []) for s in samples]
 
 
 def test_every_op_has_a_row():
-    missing = sorted(set(ops.__all__) - {r.op for r in ROWS})
-    assert not missing, f"ops without a jax test row: {missing}"
+    missing = sorted(set(ops.__all__) - {s.op for s in SAMPLES})
+    assert not missing, f"ops without a sample in tests/op_db.py: {missing}"
 
 
-def check_forward(r: Row, dtype, seed=0):
+def check_forward(r: Sample, dtype, seed=0):
     """Eager jax against the numpy backend."""
-    arrays = [a.astype(dtype) for a in r.arrays(seed)]
+    arrays = r.arrays(seed, dtype)
     expected = r.fn(*arrays)  # numpy arrays dispatch to the numpy backend
     actual = r.fn(*(jnp.asarray(a) for a in arrays))
     assert backend_of(actual) == "jax", f"{r.id}: the result left jax ({type(actual).__name__})"
     assert_close(actual, expected, f"{r.id} forward {np.dtype(dtype).name}", **FORWARD_TOL[dtype])
 
 
-def check_float64(r: Row, seed=2):
+def check_float64(r: Sample, seed=2):
     """Compiled forward against numpy, and the gradient of <cot, output> against the tape.
 
     The loss is a random projection, as the harness uses: a plain sum would
@@ -427,7 +104,7 @@ def check_float64(r: Row, seed=2):
     """
     arrays = r.arrays(seed)
     expected = np.asarray(r.fn(*arrays))
-    if not r.grad:
+    if not r.grad or "jax" in r.no_gradient_on:
         return check_forward(r, np.float64, seed)
     cot = np.random.default_rng(seed + 1).standard_normal(expected.shape).astype(expected.dtype)
 
@@ -443,21 +120,19 @@ def check_float64(r: Row, seed=2):
         assert_close(gj, gt, f"{r.id} gradient of input {i}", **GRAD_TOL)
 
 
-@pytest.mark.parametrize("r", _params(ROWS))
+@pytest.mark.parametrize("r", _float64_params(SAMPLES))
 def test_float64_forward_and_gradient(r):
     check_float64(r)
 
 
-@pytest.mark.parametrize("r", _params(ROWS))
+@pytest.mark.parametrize("r", _params(SAMPLES))
 def test_float32_forward(r):
     check_forward(r, np.float32)
 
 
 # ---------------------------------------------------------------- conventions, against torch
 def _conv_cases():
-    for r in ROWS:
-        if r.op in ("conv", "conv_transpose"):
-            yield pytest.param(r, id=r.id)
+    return _params(s for s in SAMPLES if s.op in ("conv", "conv_transpose"))
 
 
 @pytest.mark.filterwarnings("ignore:Using padding='same' with even kernel")  # torch's perf note
@@ -468,12 +143,13 @@ def test_convolutions_match_torch(r, monkeypatch):
 
     arrays = r.arrays(seed=3)
     actual = r.fn(*(jnp.asarray(a) for a in arrays))
+    t = lambda a: torch.from_numpy(a) if isinstance(a, np.ndarray) else a  # noqa: E731 (a constant weight)
     # The same call with torch's functional ops in place of gradcheck's.
     with_torch = {
         "conv": lambda x, w, bias=None, stride=1, padding=0, dilation=1, groups=1: (
-            F.conv1d if x.ndim == 3 else F.conv2d)(x, w, bias, stride, padding, dilation, groups),
+            F.conv1d if x.ndim == 3 else F.conv2d)(x, t(w), t(bias), stride, padding, dilation, groups),
         "conv_transpose": lambda x, w, bias=None, stride=1, padding=0, output_padding=0, dilation=1, groups=1: (
-            F.conv_transpose1d if x.ndim == 3 else F.conv_transpose2d)(x, w, bias, stride, padding, output_padding, groups, dilation),
+            F.conv_transpose1d if x.ndim == 3 else F.conv_transpose2d)(x, t(w), t(bias), stride, padding, output_padding, groups, dilation),
     }[r.op]
     monkeypatch.setattr(ops, r.op, with_torch)
     expected = r.fn(*(torch.from_numpy(a) for a in arrays)).numpy()
@@ -559,11 +235,11 @@ TORCH_KERNELS = [
     ("sdpa-scale-rank3", _sdpa(scale=0.3), _torch_sdpa(scale=0.3), QKV3),
     ("sdpa-value-dim", _sdpa(), _torch_sdpa(), [(2, 4, 3), (2, 6, 3), (2, 6, 2)]),
     ("sdpa-lower-rank-kv", _sdpa(), _torch_sdpa(), [(2, 3, 4, 5), (3, 6, 5), (3, 6, 5)]),
-    ("embedding-padding-idx", lambda w: ops.embedding(IDS, w, padding_idx=1),
-     lambda F, t, w: F.embedding(_torch_ids(t, IDS), w * t.from_numpy(np.roll(PAD_LAST, -3, 0)), padding_idx=1),
+    ("embedding-padding-idx", lambda w: ops.embedding(IDS5, w, padding_idx=1),
+     lambda F, t, w: F.embedding(_torch_ids(t, IDS5), w * t.from_numpy(np.roll(PAD_LAST, -3, 0)), padding_idx=1),
      [(5, 3)]),
-    ("embedding-negative-padding-idx", lambda w: ops.embedding(IDS, w, padding_idx=-1),
-     lambda F, t, w: F.embedding(_torch_ids(t, IDS), w * t.from_numpy(PAD_LAST), padding_idx=-1), [(5, 3)]),
+    ("embedding-negative-padding-idx", lambda w: ops.embedding(IDS5, w, padding_idx=-1),
+     lambda F, t, w: F.embedding(_torch_ids(t, IDS5), w * t.from_numpy(PAD_LAST), padding_idx=-1), [(5, 3)]),
     *[(f"cross_entropy-weight-smoothing-ignore-{r}",
        lambda x, r=r: ops.cross_entropy(x, CE_T_IGN, CE_W, reduction=r, label_smoothing=0.2),
        lambda F, t, x, r=r: F.cross_entropy(x, _torch_ids(t, CE_T_IGN), t.tensor(CE_W), reduction=r,
@@ -622,9 +298,9 @@ def test_negative_control_wrong_gradient_fails(monkeypatch):
 
     # Right value, wrong derivative (1 instead of cos x): only a gradient check sees it.
     monkeypatch.setattr(jax_ops, "sin", lambda x: jax.lax.stop_gradient(jnp.sin(x) - x) + x)
-    r = next(r for r in ROWS if r.op == "sin")
+    r = OPS["sin"].samples[0]
     check_forward(r, np.float64)
-    with pytest.raises(AssertionError, match="sin gradient of input 0"):
+    with pytest.raises(AssertionError, match=f"{r.id} gradient of input 0"):
         check_float64(r)
 
 
@@ -656,13 +332,10 @@ def wrong_backward(fn, factor=1.5):
     return call
 
 
-ROWS_BY_ID = {r.id: r for r in ROWS}
-# The attention rows jax.nn.dot_product_attention runs in float32 (no dropout mask, equal head sizes).
-KERNEL_ATTENTION_ROWS = [r for r in KERNEL_ROWS if r.op == "scaled_dot_product_attention"
-                         and "dropout" not in r.id and r.id != "scaled_dot_product_attention-value-dim"]
+ATTENTION_SAMPLES = OPS["scaled_dot_product_attention"].samples
 
 
-def check_float32_gradient(r: Row, seed=2, tol=1e-4):
+def check_float32_gradient(r: Sample, seed=2, tol=1e-4):
     """Compiled float32 jax gradients against the float64 tape, normwise (float32 is where jax.nn's attention runs)."""
     arrays = r.arrays(seed)
     expected = np.asarray(r.fn(*arrays))
@@ -676,11 +349,12 @@ def check_float32_gradient(r: Row, seed=2, tol=1e-4):
     _, grads64 = gradcheck.withgradient(loss, *arrays, backend="tape")
     for i, (g32, g64) in enumerate(zip(grads32, grads64, strict=True)):
         assert g32.dtype == np.float32, f"{r.id} float32 gradient of input {i}: dtype {g32.dtype}"
-        err = np.linalg.norm(g32 - g64) / np.linalg.norm(g64)
+        # Relative to the float64 gradient; absolute where that is exactly zero (a dropout mask of zeros).
+        err = np.linalg.norm(g32 - g64) / (np.linalg.norm(g64) or 1.0)
         assert err < tol, f"{r.id} float32 gradient of input {i}: normwise error {err:.2e} against float64 > {tol}"
 
 
-@pytest.mark.parametrize("r", _params(KERNEL_ATTENTION_ROWS))
+@pytest.mark.parametrize("r", _params(ATTENTION_SAMPLES))
 def test_attention_kernel_float32_gradients(r):
     check_float32_gradient(r)
 
@@ -726,8 +400,8 @@ def test_jax_nn_attention_computes_float64_in_float32():
     assert np.abs(out - ref).max() / np.abs(ref).max() > 1e-10
 
 
-# A wrong backward in each jax function the kernels call is caught by a row check: the backend
-# really routes through them.  (module attribute, row, check)
+# A wrong backward in each jax function the kernels call is caught by a sample's check: the backend
+# really routes through them.  (module attribute, sample id, check)
 WRONG_KERNEL_BACKWARDS = [
     ("_rsqrt", "layer_norm-multi-dim", check_float64),
     ("_rsqrt", "batch_norm-train-2d-affine", check_float64),
@@ -745,7 +419,7 @@ WRONG_KERNEL_BACKWARDS = [
 def test_negative_control_wrong_kernel_backward_fails(attr, row_id, check, monkeypatch):
     from gradcheck.backends.jax import ops as jax_ops
 
-    r = ROWS_BY_ID[row_id]
+    r = sample(row_id)
     monkeypatch.setattr(jax_ops, attr, wrong_backward(getattr(jax_ops, attr)))
     check_forward(r, np.float64)  # the value is still right: only a gradient check sees it
     with pytest.raises(AssertionError, match="gradient of input"):
@@ -922,7 +596,7 @@ def test_integer_targets_and_ids_as_arguments_are_traced():
         (lambda x, t: ops.cross_entropy(x, t, reduction="sum", label_smoothing=0.3), logits, CE_T_IGN),
         (lambda x, t: ops.cross_entropy(x, t, ignore_index=1), logits, CE_T_IGN1),
         (lambda x, t: ops.nll_loss(x, t, CE_W, reduction="sum"), logits, CE_T_IGN),
-        (lambda w, ids: ops.sum(ops.mul(ops.embedding(ids, w, padding_idx=1), w[:1])), table, IDS),
+        (lambda w, ids: ops.sum(ops.mul(ops.embedding(ids, w, padding_idx=1), w[:1])), table, IDS5),
     ]
     for f, x, t in cases:
         _, g_t = check_same_structure(f, x, t)
@@ -939,11 +613,11 @@ def test_kernels_under_jit_take_traced_masks_momentum_and_labels():
     def f(q, k, v, mask, bias, x, momentum, target, ids, table):
         return (ops.scaled_dot_product_attention(q, k, v, attn_mask=mask),
                 ops.scaled_dot_product_attention(q, k, v, attn_mask=bias),
-                _stats(ops.batch_norm(x, ops.asarray(BN_RM, like=x), ops.asarray(BN_RV, like=x), momentum=momentum)),
+                running_stats(ops.batch_norm(x, ops.asarray(BN_RM, like=x), ops.asarray(BN_RV, like=x), momentum=momentum)),
                 ops.cross_entropy(logits, target, CE_W, reduction="none"),
                 ops.embedding(ids, table, padding_idx=0))
 
-    args = (q, k, v, ATT_MASK_B, ATT_BIAS_FULL, x, np.array(0.25), CE_T_IGN, IDS, table)
+    args = (q, k, v, ATT_MASK_B, ATT_BIAS_FULL, x, np.array(0.25), CE_T_IGN, IDS5, table)
     expected = f(*args)  # numpy: the derived bodies
     actual = jax.jit(f)(*(jnp.asarray(a) for a in args))
     for i, (a, e) in enumerate(zip(actual, expected, strict=True)):

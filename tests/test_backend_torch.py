@@ -1,10 +1,11 @@
 """The PyTorch backend: every op's forward against numpy, every gradient against the tape.
 
-Each row of ``ROWS`` is one small function written against ``gradcheck.ops``
-(tinygrad test_ops style).  ``test_forward`` runs it on numpy and on torch
-tensors, in float64 (tight) and float32 (loose); ``test_gradient`` runs the
-random projection ``<r, f(x)>`` through ``withgradient`` on the torch and tape
-backends in float64 and compares value and gradients to ~1e-10.
+The op samples are the op database's (``tests/op_db.py``): each is one small
+function written against ``gradcheck.ops`` (tinygrad test_ops style).
+``test_forward`` runs it on numpy and on torch tensors, in float64 (tight) and
+float32 (loose); ``test_gradient`` runs the random projection ``<r, f(x)>``
+through ``withgradient`` on the torch and tape backends in float64 and
+compares value and gradients to ~1e-10.
 """
 
 from __future__ import annotations
@@ -13,11 +14,10 @@ import functools
 import subprocess
 import sys
 import zlib
-from collections.abc import Callable
-from dataclasses import dataclass
 
 import numpy as np
 import pytest
+from op_db import C34, IDS7, OPS, RM4, RV4, all_samples
 
 torch = pytest.importorskip("torch")
 
@@ -60,362 +60,32 @@ def assert_close(actual, expected, rtol, atol, label, names=("torch", "numpy")):
         )
 
 
-# ---------------------------------------------------------------- the table
-@dataclass
-class Row:
-    op: str  # the gradcheck.ops op this row covers
-    fn: Callable  # written against gradcheck.ops
-    shapes: tuple  # one float input per shape
-    lo: float = -2.0  # inputs are uniform in [lo, hi) ...
-    hi: float = 2.0
-    ties: bool = False  # ... or small integers, to hit ties and kinks (max, relu at 0)
-    grad: bool = True
-    const64: bool = (
-        False  # mixes in a float64 numpy constant (numpy upcasts float32, torch must not)
-    )
-    tape_bug: str = ""  # a known tape defect: the gradient row is a strict xfail until it is fixed
-    torch_bug: str = ""  # a known defect of torch's own kernel: likewise, until torch fixes it
-
-    def inputs(self, dtype, seed_text):
-        rng = np.random.default_rng(zlib.crc32(seed_text.encode()))
-        if self.ties:
-            return [rng.integers(-2, 3, size=s).astype(dtype) for s in self.shapes]
-        return [rng.uniform(self.lo, self.hi, size=s).astype(dtype) for s in self.shapes]
+# ---------------------------------------------------------------- the samples
+# Every fixed sample of the op database (tests/op_db.py).  A sample's inputs are seeded from its test
+# id, so the forward check in float32 and in float64 and the gradient check each draw their own.
+SAMPLES = all_samples()
 
 
-_ids: dict[str, int] = {}
+def _seed(test_id: str) -> int:
+    return zlib.crc32(test_id.encode())
 
 
-def R(op, fn, *shapes, **kw):
-    """One table row: ``R("add", lambda a, b: ops.add(a, b), (3, 4), (4,))``."""
-    n = _ids[op] = _ids.get(op, -1) + 1
-    return pytest.param(Row(op, fn, shapes, **kw), id=f"{op}-{n}")
+def _gradient_params(samples):
+    """The samples with a gradient, each with the marks torch's known defects and exclusions give it."""
+    params = []
+    for s in samples:
+        if not s.grad:
+            continue
+        marks = []
+        if bug := OPS[s.op].bug("torch"):
+            marks.append(pytest.mark.xfail(strict=True, reason=bug))
+        if "torch" in s.no_gradient_on:
+            marks.append(pytest.mark.skip(reason=f"torch: {s.no_gradient_on['torch']}"))
+        params.append(pytest.param(s, id=s.id, marks=marks))
+    return params
 
 
-rng0 = np.random.default_rng(7)
-C34 = rng0.standard_normal((3, 4))  # a float64 numpy constant
-MASK34 = rng0.standard_normal((3, 4)) > 0
-W_CONV = rng0.standard_normal((6, 2, 3, 3))  # used as a constant weight in some rows
-IX = np.array  # index arrays read better short
-# Constants of the framework-kernel rows: running statistics, masks, labels, class weights.
-RM4, RV4 = rng0.standard_normal(4), rng0.uniform(0.5, 2.0, 4)
-KEEP46 = (rng0.random((4, 6)) > 0.4) | np.eye(4, 6, dtype=bool)  # True = attend; never a whole row masked
-EMPTY46 = KEEP46 & (np.arange(4) != 2)[:, None]  # query 2 may attend to nothing: torch gives it zeros
-BIAS46, BIAS246 = rng0.standard_normal((4, 6)), rng0.standard_normal((2, 1, 4, 6))
-DROP = (rng0.random((2, 3, 4, 6)) >= 0.25) / 0.75  # dropout's factors: 0 or 1/(1-p)
-IDS = np.array([[0, 2, 6, 2], [5, 0, 1, 6]])
-REDUCTIONS = ("mean", "sum", "none")
-T5, T23 = np.array([0, 3, 1, 2, 3]), np.array([[1, 0, 3], [2, 2, 0]])
-W4, PW4 = np.array([0.2, 1.0, 3.0, 0.5]), np.array([1.0, 2.0, 0.5, 3.0])
-P54 = rng0.dirichlet(np.ones(4), size=5)  # probability targets
-Y34 = rng0.random((3, 4))
-
-# fmt: off
-ROWS = [
-    # -- arrays
-    R("asarray", lambda x: ops.mul(x, ops.asarray(C34, like=x)), (3, 4)),
-    R("asarray", lambda x: ops.add(x, ops.asarray(2.5, like=x)), (3, 4)),
-    R("astype", lambda x: ops.astype(ops.astype(x, "float32"), np.float64), (3, 4)),
-    R("zeros_like", lambda x: ops.add(x, ops.zeros_like(x)), (3, 4)),
-    R("stop_gradient", lambda x: ops.mul(x, ops.stop_gradient(ops.sin(x))), (3, 4)),
-    # -- elementwise, with broadcasting and constants
-    R("add", lambda a, b: ops.add(a, b), (3, 4), (3, 4)),
-    R("add", lambda a, b: ops.add(a, b), (2, 1, 3), (4, 1)),
-    R("add", lambda a: ops.add(a, C34), (3, 4), const64=True),
-    R("sub", lambda a, b: ops.sub(a, b), (3, 4), (4,)),
-    R("sub", lambda a: ops.sub(1.0, a), (3, 4)),
-    R("mul", lambda a, b: ops.mul(a, b), (2, 3, 4), (3, 1)),
-    R("mul", lambda a: ops.mul(0.5, a), (5,)),
-    R("div", lambda a, b: ops.div(a, b), (3, 4), (4,), lo=0.5),
-    R("div", lambda a: ops.div(2.0, a), (3, 4), lo=0.5),
-    R("neg", lambda a: ops.neg(a), (3, 4)),
-    R("pow", lambda a: ops.pow(a, 3), (3, 4)),
-    R("pow", lambda a: ops.pow(a, 0.5), (3, 4), lo=0.5),
-    R("pow", lambda a, b: ops.pow(a, b), (3, 4), (4,), lo=0.5),
-    R("pow", lambda b: ops.pow(2.0, b), (3, 4)),
-    R("maximum", lambda a, b: ops.maximum(a, b), (3, 4), (4,)),
-    R("maximum", lambda a, b: ops.maximum(a, b), (3, 4), (3, 4), ties=True),
-    R("maximum", lambda a: ops.maximum(a, 0.0), (3, 4), ties=True),
-    R("minimum", lambda a, b: ops.minimum(a, b), (3, 4), (3, 1)),
-    R("minimum", lambda a, b: ops.minimum(a, b), (3, 4), (3, 4), ties=True),
-    R("where", lambda a, b: ops.where(ops.greater(a, b), a, b), (3, 4), (4,)),
-    R("where", lambda a: ops.where(ops.greater(a, 0.0), a, 0.0), (3, 4)),
-    R("where", lambda a: ops.where(MASK34, 1.5, a), (3, 4)),
-    R("where", lambda a, b: ops.where(MASK34, a, b), (3, 4), (1, 4)),
-    R("exp", lambda x: ops.exp(x), (3, 4)),
-    R("expm1", lambda x: ops.expm1(x), (3, 4)),
-    R("log", lambda x: ops.log(x), (3, 4), lo=0.1),
-    R("log1p", lambda x: ops.log1p(x), (3, 4), lo=-0.5),
-    R("sqrt", lambda x: ops.sqrt(x), (3, 4), lo=0.1),
-    R("rsqrt", lambda x: ops.rsqrt(x), (3, 4), lo=0.1),
-    R("abs", lambda x: ops.abs(x), (3, 4)),
-    R("abs", lambda x: ops.abs(x), (3, 4), ties=True),
-    R("sin", lambda x: ops.sin(x), (3, 4)),
-    R("cos", lambda x: ops.cos(x), (3, 4)),
-    R("tanh", lambda x: ops.tanh(x), (3, 4)),
-    R("sigmoid", lambda x: ops.sigmoid(x), (3, 4), lo=-8, hi=8),
-    R("erf", lambda x: ops.erf(x), (3, 4)),
-    R("atan", lambda x: ops.atan(x), (3, 4), lo=-5, hi=5),
-    R("relu", lambda x: ops.relu(x), (3, 4)),
-    R("relu", lambda x: ops.relu(x), (3, 4), ties=True),
-    R("leaky_relu", lambda x: ops.leaky_relu(x), (3, 4)),
-    R("leaky_relu", lambda x: ops.leaky_relu(x, 0.2), (3, 4), ties=True),
-    R("elu", lambda x: ops.elu(x), (3, 4), lo=-4, hi=4),
-    R("elu", lambda x: ops.elu(x, 0.5), (3, 4), ties=True),
-    R("gelu", lambda x: ops.gelu(x), (3, 4), lo=-4, hi=4),
-    R("gelu", lambda x: ops.gelu(x, approximate="tanh"), (3, 4), lo=-4, hi=4),
-    R("silu", lambda x: ops.silu(x), (3, 4), lo=-4, hi=4),
-    R("softplus", lambda x: ops.softplus(x), (3, 4), lo=-10, hi=10),
-    R("greater", lambda a, b: ops.greater(a, b), (3, 4), (4,), ties=True, grad=False),
-    R("greater", lambda a: ops.greater(a, 0.5), (3, 4), grad=False),
-    R("less", lambda a, b: ops.less(a, b), (3, 4), (3, 1), ties=True, grad=False),
-    R("less", lambda a: ops.less(a, C34), (3, 4), grad=False, const64=True),
-    R("equal", lambda a, b: ops.equal(a, b), (3, 4), (3, 4), ties=True, grad=False),
-    # -- linear algebra
-    R("matmul", lambda a, b: ops.matmul(a, b), (3, 4), (4, 5)),
-    R("matmul", lambda a, b: ops.matmul(a, b), (2, 1, 3, 4), (5, 4, 2)),
-    R("matmul", lambda a, b: ops.matmul(a, b), (2, 3, 4), (4,)),
-    R("matmul", lambda a, b: ops.matmul(a, b), (4,), (4, 5)),
-    R("matmul", lambda a, b: ops.matmul(a, b), (4,), (4,)),
-    R("matmul", lambda a: ops.matmul(a, C34), (2, 3), const64=True),
-    R("einsum", lambda a, b: ops.einsum("ij,jk->ik", a, b), (3, 4), (4, 5)),
-    R("einsum", lambda a, b: ops.einsum("bij,bkj->bki", a, b), (2, 3, 4), (2, 5, 4)),
-    R("einsum", lambda a: ops.einsum("ijk->ki", a), (2, 3, 4)),
-    R("einsum", lambda a, b: ops.einsum("...ik, ...j -> ij", a, b), (2, 3, 4), (1, 5)),  # the '...' dims summed
-    R("einsum", lambda a, b: ops.einsum("i,i->", a, b), (4,), (4,)),
-    R("einsum", lambda a: ops.einsum("ij,jk->ik", a, C34), (2, 3), const64=True),
-    # numpy's other forms: the tape spells them out (einsum_plan), the frameworks take them as written.
-    R("einsum", lambda a, b: ops.einsum("...ij,...jk->...ik", a, b), (5, 1, 2, 3), (4, 3, 2)),
-    R("einsum", lambda a, b: ops.einsum("ij,jk", a, b), (3, 4), (4, 5)),
-    R("einsum", lambda a, b: ops.einsum("ij...,jk", a, b), (2, 3, 5), (3, 4)),
-    R("einsum", lambda a, b: ops.einsum("Ba,aC", a, b), (2, 3), (3, 4)),
-    # -- reductions: axis None / int / negative / tuple, keepdims
-    R("sum", lambda x: ops.sum(x), (3, 4)),
-    R("sum", lambda x: ops.sum(x, axis=1), (2, 3, 4)),
-    R("sum", lambda x: ops.sum(x, axis=(0, 2), keepdims=True), (2, 3, 4)),
-    R("sum", lambda x: ops.sum(x, axis=-1), (2, 3, 4)),
-    R("sum", lambda x: ops.sum(x, axis=()), (2, 3)),
-    R("sum", lambda x: ops.sum(x, keepdims=True), (2, 3)),
-    R("mean", lambda x: ops.mean(x), (3, 4)),
-    R("mean", lambda x: ops.mean(x, axis=(0, 2)), (2, 3, 4)),
-    R("mean", lambda x: ops.mean(x, axis=-2, keepdims=True), (2, 3, 4)),
-    R("var", lambda x: ops.var(x), (3, 4)),
-    R("var", lambda x: ops.var(x, axis=(0, 2, 3)), (2, 3, 4, 2)),
-    R("var", lambda x: ops.var(x, axis=1, keepdims=True, ddof=1), (2, 5, 3)),
-    # normalize: BatchNorm, BatchNorm1d, LayerNorm and other shapes; the statistics
-    R("normalize", lambda x, w, b: ops.normalize(x, (0, 2, 3), 1e-5, weight=w, bias=b)[0], (3, 4, 5, 2), (1, 4, 1, 1),
-      (1, 4, 1, 1)),
-    R("normalize", lambda x: ops.normalize(x, 0, 1e-5)[0], (5, 3)),
-    R("normalize", lambda x, w, b: ops.normalize(x, (-2, -1), 1e-5, weight=w, bias=b)[0], (2, 3, 4, 5), (4, 5),
-      (4, 5)),
-    R("normalize", lambda x, w: ops.normalize(x, (1,), 1e-3, weight=w)[0], (3, 4, 2), (4, 1)),
-    R("normalize", lambda x: ops.normalize(x, (0, 2), 1e-5)[1], (3, 4, 2), grad=False),
-    R("normalize", lambda x: ops.normalize(x, (-1,), 1e-5)[2], (3, 4, 2), grad=False),
-    R("max", lambda x: ops.max(x), (3, 4)),
-    R("max", lambda x: ops.max(x, axis=1), (2, 3, 4)),
-    R("max", lambda x: ops.max(x, axis=(0, 2), keepdims=True), (2, 3, 4), ties=True),
-    R("max", lambda x: ops.max(x, axis=-1), (3, 6), ties=True),
-    R("min", lambda x: ops.min(x), (3, 4), ties=True),
-    R("min", lambda x: ops.min(x, axis=0, keepdims=True), (3, 4)),
-    R("min", lambda x: ops.min(x, axis=(1, 2)), (2, 3, 4), ties=True),
-    R("prod", lambda x: ops.prod(x), (3, 4), lo=0.5, hi=1.5),
-    R("prod", lambda x: ops.prod(x, axis=1, keepdims=True), (2, 3, 4)),
-    R("prod", lambda x: ops.prod(x, axis=(0, 2)), (2, 3, 4)),
-    R("prod", lambda x: ops.prod(x, axis=-1), (3, 4), ties=True),  # small integers: zeros, one or several a row
-    R("topk", lambda x: ops.topk(x, 2, axis=1)[0], (3, 5)),
-    R("topk", lambda x: ops.topk(x, 3, axis=0, largest=False)[0], (4, 2, 3)),
-    R("topk", lambda x: ops.topk(x, 2)[1], (3, 5), grad=False),
-    R("logsumexp", lambda x: ops.logsumexp(x), (3, 4)),
-    R("logsumexp", lambda x: ops.logsumexp(x, axis=1, keepdims=True), (2, 3, 4), lo=-30, hi=30),
-    R("logsumexp", lambda x: ops.logsumexp(x, axis=(0, 2)), (2, 3, 4)),
-    R("softmax", lambda x: ops.softmax(x), (3, 4), lo=-5, hi=5),
-    R("softmax", lambda x: ops.softmax(x, axis=0), (3, 4)),
-    R("softmax", lambda x: ops.softmax(x, axis=(1, 2)), (2, 3, 4)),
-    R("log_softmax", lambda x: ops.log_softmax(x), (3, 4), lo=-5, hi=5),
-    R("log_softmax", lambda x: ops.log_softmax(x, axis=1), (2, 3, 4)),
-    R("log_softmax", lambda x: ops.log_softmax(x, axis=(0, 1)), (2, 3)),
-    # -- shapes
-    R("reshape", lambda x: ops.reshape(x, (6, -1)), (2, 3, 4)),
-    R("reshape", lambda x: ops.flatten(ops.squeeze(ops.expand_dims(x, 1), 1)), (2, 3, 4)),
-    R("transpose", lambda x: ops.transpose(x), (2, 3, 4)),
-    R("transpose", lambda x: ops.transpose(x, (1, 0, 2)), (2, 3, 4)),
-    R("transpose", lambda x: ops.transpose(x, (-1, 0, 1)), (2, 3, 4)),
-    R("broadcast_to", lambda x: ops.broadcast_to(x, (2, 3, 4)), (3, 1)),
-    R("broadcast_to", lambda x: ops.broadcast_to(x, (3, 4)), ()),
-    R("concatenate", lambda a, b, c: ops.concatenate([a, b, c]), (1, 3), (2, 3), (3, 3)),
-    R("concatenate", lambda a, b: ops.concatenate((a, b), axis=-1), (2, 3), (2, 1)),
-    R("concatenate", lambda a: ops.concatenate([a, C34], axis=0), (2, 4), const64=True),
-    R("stack", lambda a, b: ops.stack([a, b]), (2, 3), (2, 3)),
-    R("stack", lambda a, b, c: ops.stack([a, b, c], axis=-1), (2, 3), (2, 3), (2, 3)),
-    R("getitem", lambda x: ops.getitem(x, (slice(1, None), slice(None, None, 2))), (4, 5)),
-    R("getitem", lambda x: ops.getitem(x, (Ellipsis, slice(None, None, -1))), (2, 3, 4)),
-    R("getitem", lambda x: ops.getitem(x, (None, 1, slice(3, 0, -2))), (2, 5)),
-    R("getitem", lambda x: ops.getitem(x, IX([0, 2, 2, -1])), (4, 3)),
-    R("getitem", lambda x: ops.getitem(x, (slice(None), IX([[0, 1], [1, 0]]))), (2, 3, 4)),
-    R("getitem", lambda x: ops.getitem(x, (IX([0, 1, 1]), slice(None), IX([1, 2, 1]))), (2, 3, 4)),
-    R("getitem", lambda x: ops.getitem(x, (1, slice(None), IX([0, 3, 3]))), (2, 3, 4)),
-    R("getitem", lambda x: ops.getitem(x, MASK34), (3, 4)),
-    R("getitem", lambda x: ops.getitem(x, 2), (3, 4)),
-    R("take", lambda x: ops.take(x, IX([2, 0, 2])), (3, 4)),
-    R("take", lambda x: ops.take(x, IX([[1, -1], [0, 1]]), axis=1), (2, 3, 4)),
-    R("take", lambda x: ops.take(x, IX([3, 3, 0]), axis=-1), (2, 4)),
-    R("pad", lambda x: ops.pad(x, ((1, 2), (0, 1))), (3, 4)),
-    R("pad", lambda x: ops.pad(x, 1, value=0.5), (2, 3)),
-    R("pad", lambda x: ops.pad(x, ((0, 0), (0, 0), (2, 1), (1, 0))), (1, 2, 3, 3)),
-    # -- convolution: stride, padding (int, tuple, "same", "valid"), dilation, groups, 1-d
-    R("conv", lambda x, w: ops.conv(x, w), (2, 3, 5, 6), (4, 3, 3, 3)),
-    R("conv", lambda x, w, b: ops.conv(x, w, b, stride=2, padding=1), (2, 3, 7, 6), (4, 3, 3, 3), (4,)),
-    R("conv", lambda x, w: ops.conv(x, w, stride=(2, 1), padding=(1, 0), dilation=(1, 2)), (1, 2, 6, 7), (3, 2, 3, 2)),
-    R("conv", lambda x, w, b: ops.conv(x, w, b, padding=2, dilation=2, groups=2), (2, 4, 6, 5), (6, 2, 3, 3), (6,)),
-    R("conv", lambda x, w: ops.conv(x, w, padding="same"), (1, 2, 5, 6), (3, 2, 3, 3)),
-    R("conv", lambda x, w: ops.conv(x, w, padding="same", dilation=(1, 2)), (1, 2, 5, 6), (3, 2, 2, 4)),
-    R("conv", lambda x, w: ops.conv(x, w, padding="valid", groups=2), (1, 4, 5, 4), (2, 2, 2, 3)),
-    R("conv", lambda x: ops.conv(x, W_CONV, groups=2), (1, 4, 4, 4), const64=True),
-    R("conv", lambda x, w, b: ops.conv(x, w, b), (2, 3, 9), (4, 3, 3), (4,)),
-    R("conv", lambda x, w: ops.conv(x, w, stride=2, padding=1, dilation=2), (2, 2, 10), (3, 2, 3)),
-    R("conv", lambda x, w: ops.conv(x, w, padding="same", groups=3), (1, 3, 7), (6, 1, 4)),
-    R("conv_transpose", lambda x, w: ops.conv_transpose(x, w), (2, 3, 4, 5), (3, 2, 3, 3)),
-    R("conv_transpose", lambda x, w, b: ops.conv_transpose(x, w, b, stride=2, padding=1, output_padding=1), (2, 3, 4, 3), (3, 4, 3, 3), (4,)),
-    R("conv_transpose", lambda x, w: ops.conv_transpose(x, w, stride=(2, 3), output_padding=(1, 2), groups=2), (1, 4, 3, 3), (4, 1, 2, 3)),
-    R("conv_transpose", lambda x, w: ops.conv_transpose(x, w, padding=1, dilation=2, groups=2), (1, 4, 4, 4), (4, 3, 3, 3)),
-    R("conv_transpose", lambda x, w, b: ops.conv_transpose(x, w, b, stride=2, output_padding=1), (2, 3, 5), (3, 2, 3), (2,)),
-    R("conv_transpose", lambda x, w: ops.conv_transpose(x, w, stride=3, padding=1, dilation=2, groups=3), (1, 3, 4), (3, 2, 2)),
-    # -- pooling
-    R("max_pool2d", lambda x: ops.max_pool2d(x, 2), (2, 3, 4, 6)),
-    R("max_pool2d", lambda x: ops.max_pool2d(x, 3, stride=2, padding=1), (2, 2, 7, 6)),
-    R("max_pool2d", lambda x: ops.max_pool2d(x, (2, 3), stride=(1, 2), padding=(1, 1)), (1, 2, 5, 7)),
-    R("max_pool2d", lambda x: ops.max_pool2d(x, 2, stride=1), (1, 2, 4, 4), ties=True),
-    R("avg_pool2d", lambda x: ops.avg_pool2d(x, 2), (2, 3, 4, 6)),
-    R("avg_pool2d", lambda x: ops.avg_pool2d(x, 3, stride=2, padding=1), (2, 2, 7, 6)),
-    R("avg_pool2d", lambda x: ops.avg_pool2d(x, 3, stride=2, padding=1, count_include_pad=False), (2, 2, 7, 6)),
-    R("avg_pool2d", lambda x: ops.avg_pool2d(x, (2, 3), stride=(1, 2), padding=(1, 0), count_include_pad=False), (1, 2, 5, 7)),
-    R("adaptive_avg_pool2d", lambda x: ops.adaptive_avg_pool2d(x, (3, 2)), (2, 3, 5, 7)),
-    R("adaptive_avg_pool2d", lambda x: ops.adaptive_avg_pool2d(x, 1), (2, 3, 4, 4)),
-    R("adaptive_avg_pool2d", lambda x: ops.adaptive_avg_pool2d(x, 4), (1, 2, 6, 5)),
-    # -- ops for torch.export graphs: F.hardswish, F.hardsigmoid, F.interpolate's kernels
-    R("hardswish", lambda x: ops.hardswish(x), (3, 8), lo=-5, hi=5),
-    R("hardsigmoid", lambda x: ops.hardsigmoid(x), (3, 8), lo=-5, hi=5, torch_bug=(
-        "torch 2.13's CPU hardsigmoid backward multiplies by 1/6 rounded to float32, in float64 too "
-        "(0.16666667163, 3e-8 off)")),
-    R("hardsigmoid", lambda x: ops.hardsigmoid(x), (3, 8), lo=-5, hi=5, grad=False),
-    R("upsample_nearest2d", lambda x: ops.upsample_nearest2d(x, (6, 9)), (2, 2, 3, 4)),
-    R("upsample_nearest2d", lambda x: ops.upsample_nearest2d(x, (2, 3)), (1, 2, 5, 7)),
-    R("upsample_nearest2d", lambda x: ops.upsample_nearest2d(x, (7, 7), 1.5), (1, 2, 5, 5)),
-    R("upsample_bilinear2d", lambda x: ops.upsample_bilinear2d(x, (6, 9)), (2, 2, 3, 4)),
-    R("upsample_bilinear2d", lambda x: ops.upsample_bilinear2d(x, (5, 7), align_corners=True), (1, 2, 3, 4)),
-    R("upsample_bilinear2d", lambda x: ops.upsample_bilinear2d(x, (3, 4)), (1, 2, 5, 7)),
-    R("upsample_bilinear2d", lambda x: ops.upsample_bilinear2d(x, (7, 7), scale_factor=1.5), (1, 2, 5, 5)),
-    # -- framework kernels: torch runs F.linear, F.batch_norm, F.scaled_dot_product_attention, F.cross_entropy ...
-    R("linear", lambda x, w, b: ops.linear(x, w, b), (4, 5), (3, 5), (3,)),
-    R("linear", lambda x, w: ops.linear(x, w), (2, 3, 5), (4, 5)),
-    R("linear", lambda x, b: ops.linear(x, C34, b), (2, 4), (3,), const64=True),
-    R("linear", lambda x, w, b: ops.linear(x, w, b), (5,), (2, 5), (2,)),
-    # batch_norm: train (batch statistics, running statistics updated) and eval, 1d and 2d, affine or not
-    R("batch_norm", lambda x, w, b: ops.batch_norm(x, RM4, RV4, w, b)[0], (3, 4, 5, 2), (4,), (4,), const64=True),
-    R("batch_norm", lambda x, w, b: ops.batch_norm(x, None, None, w, b, eps=1e-3)[0], (3, 4, 2, 3), (4,), (4,)),
-    R("batch_norm", lambda x: ops.batch_norm(x, RM4, RV4, momentum=0.3)[0], (6, 4), const64=True),
-    R("batch_norm", lambda x, w: ops.batch_norm(x, weight=w, training=True)[0], (3, 4, 5), (4,)),
-    R("batch_norm", lambda x, w, b: ops.batch_norm(x, RM4, RV4, w, b, training=False)[0], (2, 4, 3, 3), (4,), (4,),
-      const64=True),
-    R("batch_norm", lambda x: ops.batch_norm(x, RM4, RV4, training=False, eps=1e-2)[0], (5, 4), const64=True),
-    R("batch_norm", lambda x, b: ops.batch_norm(x, RM4, RV4, bias=b, training=False)[0], (2, 4, 6), (4,), const64=True),
-    R("batch_norm", lambda x: ops.batch_norm(x, RM4, RV4, momentum=0.2)[1], (3, 4, 5, 2), grad=False, const64=True),
-    R("batch_norm", lambda x: ops.batch_norm(x, RM4, RV4, momentum=0.2)[2], (3, 4, 5, 2), grad=False, const64=True),
-    # momentum as a 0-d array: BatchNorm's cumulative factor 1/num_batches_tracked for momentum=None
-    R("batch_norm", lambda x, w: ops.batch_norm(x, RM4, RV4, w, momentum=np.array(1 / 3))[0], (3, 4, 2, 2), (4,),
-      const64=True),
-    R("batch_norm", lambda x: ops.batch_norm(x, RM4, RV4, momentum=np.array(1 / 3))[1], (7, 4), grad=False, const64=True),
-    R("batch_norm", lambda x: ops.batch_norm(x, RM4, RV4, momentum=np.array(1 / 3))[2], (3, 4, 3), grad=False,
-      const64=True),
-    R("layer_norm", lambda x, w, b: ops.layer_norm(x, (4, 5), w, b), (2, 3, 4, 5), (4, 5), (4, 5)),
-    R("layer_norm", lambda x: ops.layer_norm(x, (6,)), (3, 6)),
-    R("layer_norm", lambda x, w: ops.layer_norm(x, (3, 4), w, eps=1e-3), (2, 3, 4), (3, 4)),
-    R("layer_norm", lambda x, w, b: ops.layer_norm(x, (2, 3, 4), w, b), (2, 3, 4), (2, 3, 4), (2, 3, 4)),
-    R("group_norm", lambda x, w, b: ops.group_norm(x, 2, w, b), (2, 6, 3, 3), (6,), (6,)),
-    R("group_norm", lambda x: ops.group_norm(x, 6), (2, 6, 4)),
-    R("group_norm", lambda x, w: ops.group_norm(x, 1, w, eps=1e-3), (3, 4, 5), (4,)),
-    R("group_norm", lambda x, b: ops.group_norm(x, 3, bias=b), (2, 6, 2, 3), (6,)),
-    R("rms_norm", lambda x, w: ops.rms_norm(x, (8,), w), (2, 3, 8), (8,)),
-    R("rms_norm", lambda x, w: ops.rms_norm(x, (3, 4), w, eps=1e-5), (2, 3, 4), (3, 4)),
-    R("rms_norm", lambda x: ops.rms_norm(x, (5,), eps=1e-6), (3, 5)),
-    R("rms_norm", lambda x: ops.rms_norm(x, (2, 5)), (3, 2, 5), lo=-0.01, hi=0.01),  # eps=None matters here
-    # attention: batched heads (N, H, L, E), masks bool (True = attend) / float, causal, dropout, scale
-    R("scaled_dot_product_attention", lambda q, k, v: ops.scaled_dot_product_attention(q, k, v),
-      (2, 3, 4, 5), (2, 3, 6, 5), (2, 3, 6, 2)),
-    R("scaled_dot_product_attention", lambda q, k, v: ops.scaled_dot_product_attention(q, k, v, attn_mask=KEEP46),
-      (2, 3, 4, 5), (2, 3, 6, 5), (2, 3, 6, 2)),
-    R("scaled_dot_product_attention", lambda q, k, v: ops.scaled_dot_product_attention(q, k, v, attn_mask=BIAS46),
-      (2, 3, 4, 5), (2, 3, 6, 5), (2, 3, 6, 2), const64=True),
-    R("scaled_dot_product_attention", lambda q, k, v: ops.scaled_dot_product_attention(q, k, v, attn_mask=BIAS246),
-      (2, 3, 4, 5), (2, 3, 6, 5), (2, 3, 6, 4), const64=True),
-    R("scaled_dot_product_attention", lambda q, k, v: ops.scaled_dot_product_attention(q, k, v, is_causal=True),
-      (2, 3, 4, 5), (2, 3, 6, 5), (2, 3, 6, 2)),
-    R("scaled_dot_product_attention", lambda q, k, v: ops.scaled_dot_product_attention(q, k, v, scale=0.3),
-      (3, 4, 5), (3, 6, 5), (3, 6, 3)),
-    R("scaled_dot_product_attention", lambda q, k, v, m: ops.scaled_dot_product_attention(q, k, v, attn_mask=m),
-      (2, 4, 5), (2, 6, 5), (2, 6, 2), (4, 6)),
-    R("scaled_dot_product_attention", lambda q, k, v: ops.scaled_dot_product_attention(q, k, v, dropout_mask=DROP),
-      (2, 3, 4, 5), (2, 3, 6, 5), (2, 3, 6, 2), const64=True),
-    R("scaled_dot_product_attention",
-      lambda q, k, v: ops.scaled_dot_product_attention(q, k, v, dropout_mask=DROP, is_causal=True, scale=0.7),
-      (2, 3, 4, 5), (2, 3, 6, 5), (2, 3, 6, 2), const64=True),
-    R("scaled_dot_product_attention",
-      lambda q, k, v: ops.scaled_dot_product_attention(q, k, v, attn_mask=KEEP46, dropout_mask=DROP[0]),
-      (2, 3, 4, 5), (2, 3, 6, 5), (2, 3, 6, 2), const64=True),
-    R("scaled_dot_product_attention",
-      lambda q, k, v: ops.scaled_dot_product_attention(q, k, v, attn_mask=BIAS46, dropout_mask=DROP),
-      (2, 3, 4, 5), (2, 3, 6, 5), (2, 3, 6, 2), const64=True),
-    R("scaled_dot_product_attention",
-      lambda q, k, v: ops.scaled_dot_product_attention(q, k, v, dropout_mask=np.zeros((4, 6))),
-      (2, 4, 5), (2, 6, 5), (2, 6, 2), const64=True),
-    R("scaled_dot_product_attention", lambda q, k, v: ops.scaled_dot_product_attention(q, k, v, attn_mask=EMPTY46),
-      (2, 3, 4, 5), (2, 3, 6, 5), (2, 3, 6, 2)),
-    R("scaled_dot_product_attention",
-      lambda q, k, v: ops.scaled_dot_product_attention(q, k, v, attn_mask=np.where(EMPTY46, BIAS46, -np.inf)),
-      (2, 3, 4, 5), (2, 3, 6, 5), (2, 3, 6, 2), const64=True),
-    R("scaled_dot_product_attention",
-      lambda q, k, v: ops.scaled_dot_product_attention(q, k, v, attn_mask=EMPTY46, dropout_mask=DROP[0]),
-      (2, 3, 4, 5), (2, 3, 6, 5), (2, 3, 6, 2), const64=True),
-    R("embedding", lambda w: ops.embedding(IDS, w), (7, 3)),
-    R("embedding", lambda w: ops.embedding(IDS[0], w, padding_idx=0), (7, 3)),  # a non-zero padding row: still zeros
-    R("embedding", lambda w: ops.embedding(IDS, w, padding_idx=6), (7, 4)),
-    # losses: every reduction; class weights, ignore_index, label smoothing, probability targets, pos_weight
-    *[R("cross_entropy", lambda x, red=red: ops.cross_entropy(x, T5, reduction=red), (5, 4)) for red in REDUCTIONS],
-    *[R("cross_entropy", lambda x, red=red: ops.cross_entropy(x, T5, weight=W4, reduction=red), (5, 4), const64=True)
-      for red in REDUCTIONS],
-    *[R("cross_entropy", lambda x, red=red: ops.cross_entropy(x, T5, ignore_index=3, weight=W4, reduction=red), (5, 4),
-        const64=True) for red in REDUCTIONS],
-    *[R("cross_entropy", lambda x, red=red: ops.cross_entropy(x, T5, ignore_index=1, label_smoothing=0.1,
-                                                              reduction=red), (5, 4)) for red in REDUCTIONS],
-    *[R("cross_entropy", lambda x, red=red: ops.cross_entropy(x, P54, reduction=red), (5, 4), const64=True)
-      for red in REDUCTIONS],
-    *[R("cross_entropy", lambda x, red=red: ops.cross_entropy(x, P54, weight=W4, label_smoothing=0.2, reduction=red),
-        (5, 4), const64=True) for red in REDUCTIONS],
-    R("cross_entropy", lambda x: ops.cross_entropy(x, T23, label_smoothing=0.3), (2, 4, 3)),
-    R("cross_entropy", lambda x: ops.cross_entropy(x, T23, reduction="sum", weight=W4), (2, 4, 3), const64=True),
-    R("cross_entropy", lambda x, t: ops.cross_entropy(x, t), (2, 4, 3), (2, 4, 3), lo=0.0, hi=1.0),
-    *[R("nll_loss", lambda x, red=red: ops.nll_loss(x, T5, reduction=red), (5, 4), hi=0.0) for red in REDUCTIONS],
-    *[R("nll_loss", lambda x, red=red: ops.nll_loss(x, T5, weight=W4, ignore_index=2, reduction=red), (5, 4),
-        const64=True) for red in REDUCTIONS],
-    R("nll_loss", lambda x: ops.nll_loss(x, T23, ignore_index=0), (2, 4, 3)),
-    *[R("mse_loss", lambda x, t, red=red: ops.mse_loss(x, t, reduction=red), (3, 4), (3, 4)) for red in REDUCTIONS],
-    R("mse_loss", lambda x: ops.mse_loss(x, C34), (3, 4), const64=True),
-    R("mse_loss", lambda x, t: ops.mse_loss(x, t, reduction="sum"), (2, 3, 4), (2, 3, 4)),
-    *[R("binary_cross_entropy_with_logits", lambda x, t, red=red: ops.binary_cross_entropy_with_logits(x, t, reduction=red),
-        (3, 4), (3, 4), lo=-5, hi=5) for red in REDUCTIONS],
-    *[R("binary_cross_entropy_with_logits",
-        lambda x, red=red: ops.binary_cross_entropy_with_logits(x, Y34, weight=W4, pos_weight=PW4, reduction=red),
-        (3, 4), lo=-5, hi=5, const64=True) for red in REDUCTIONS],
-    # torch gives no gradient for weight and pos_weight (test_precise_errors): forward only
-    R("binary_cross_entropy_with_logits", lambda x, w: ops.binary_cross_entropy_with_logits(x, Y34, weight=w),
-      (3, 4), (3, 4), const64=True, grad=False),
-    R("binary_cross_entropy_with_logits", lambda x, pw: ops.binary_cross_entropy_with_logits(x, Y34, pos_weight=pw),
-      (3, 4), (4,), lo=0.5, const64=True, grad=False),
-    R("binary_cross_entropy_with_logits", lambda x: ops.binary_cross_entropy_with_logits(x, Y34, weight=Y34[0]),
-      (3, 4), lo=-5, hi=5, const64=True),
-]
-# fmt: on
-NOT_DIFFERENTIABLE = {"greater", "less", "equal"}
+GRADIENT_PARAMS = _gradient_params(SAMPLES)
 
 
 def _as_torch(arrays):
@@ -430,17 +100,17 @@ SAME_EVEN = (
 
 @pytest.mark.filterwarnings(SAME_EVEN)
 @pytest.mark.parametrize("dtype", [np.float64, np.float32], ids=["f64", "f32"])
-@pytest.mark.parametrize("row", ROWS)
-def test_forward(row, dtype, request):
-    xs = row.inputs(dtype, request.node.callspec.id)
-    expected = row.fn(*xs)
-    actual = row.fn(*_as_torch(xs))
-    assert isinstance(actual, torch.Tensor), f"{row.op}: torch returned a {type(actual).__name__}"
-    if dtype == np.float32 and row.const64 and np.asarray(expected).dtype == np.float64:
+@pytest.mark.parametrize("sample", [pytest.param(s, id=s.id) for s in SAMPLES])
+def test_forward(sample, dtype, request):
+    xs = sample.arrays(_seed(request.node.callspec.id), dtype)
+    expected = sample.fn(*xs)
+    actual = sample.fn(*_as_torch(xs))
+    assert isinstance(actual, torch.Tensor), f"{sample.op}: torch returned a {type(actual).__name__}"
+    if dtype == np.float32 and sample.const64 and np.asarray(expected).dtype == np.float64:
         # numpy promotes a float32 array meeting a float64 constant; torch must not.
         expected = np.asarray(expected).astype(np.float32)
     assert_close(
-        to.to_numpy(actual), expected, *FWD_TOL[dtype], f"{row.op} forward {np.dtype(dtype)}"
+        to.to_numpy(actual), expected, *FWD_TOL[dtype], f"{sample.op} forward {np.dtype(dtype)}"
     )
 
 
@@ -462,25 +132,22 @@ def compare_gradients(fn, xs, label, backends=("torch", "tape")):
 
 
 @pytest.mark.filterwarnings(SAME_EVEN)
-@pytest.mark.parametrize("row", [r for r in ROWS if r.values[0].grad])
-def test_gradient(row, request):
-    if row.tape_bug:
-        request.applymarker(pytest.mark.xfail(strict=True, reason=f"tape: {row.tape_bug}"))
-    if row.torch_bug:
-        request.applymarker(pytest.mark.xfail(strict=True, reason=f"torch: {row.torch_bug}"))
-    xs = row.inputs(np.float64, request.node.callspec.id)
-    compare_gradients(row.fn, xs, f"{row.op} ({request.node.callspec.id})")
+@pytest.mark.parametrize("sample", GRADIENT_PARAMS)
+def test_gradient(sample, request):
+    xs = sample.arrays(_seed(request.node.callspec.id))
+    compare_gradients(sample.fn, xs, f"{sample.op} ({request.node.callspec.id})")
 
 
 def test_every_op_has_forward_and_gradient_rows():
-    # A new op in gradcheck.ops without a row here would go unchecked on torch.
-    covered = {p.values[0].op for p in ROWS}
-    graded = {p.values[0].op for p in ROWS if p.values[0].grad}
+    # A new op in gradcheck.ops without a sample in tests/op_db.py would go unchecked on torch.
+    covered = {s.op for s in SAMPLES}
+    graded = {s.op for s in SAMPLES if s.grad and "torch" not in s.no_gradient_on}
     assert not set(ops.__all__) - covered, (
-        f"ops without a forward row: {sorted(set(ops.__all__) - covered)}"
+        f"ops without a sample in tests/op_db.py: {sorted(set(ops.__all__) - covered)}"
     )
-    missing = set(ops.__all__) - graded - NOT_DIFFERENTIABLE
-    assert not missing, f"ops without a gradient row: {sorted(missing)}"
+    not_differentiable = {name for name, info in OPS.items() if not info.differentiable}
+    missing = set(ops.__all__) - graded - not_differentiable
+    assert not missing, f"ops without a gradient sample torch can run: {sorted(missing)}"
 
 
 # Ops that torch deliberately runs as their derived composition in gradcheck.ops, with the reason.
@@ -529,10 +196,9 @@ def test_every_op_is_implemented_natively(monkeypatch):
     # ... and it runs torch's kernel: on torch tensors, no op of gradcheck.ops is dispatched inside it.
     # (torch_ops.normalize passed the check above while it ran ops.normalize's composition.)
     seen, composed = _trace_dispatch(monkeypatch)
-    for p in ROWS:
-        row = p.values[0]
-        row.fn(*_as_torch(row.inputs(np.float64, p.id)))
-    assert not native - seen, f"rows never dispatched {sorted(native - seen)}"
+    for sample in SAMPLES:
+        sample.fn(*_as_torch(sample.arrays(_seed(sample.id))))
+    assert not native - seen, f"samples never dispatched {sorted(native - seen)}"
     assert not composed & native, f"native on torch, but run as a composition of other ops: {sorted(composed & native)}"
     assert composed >= set(DERIVED_ON_TORCH), "an op listed in DERIVED_ON_TORCH is no longer a composition"
 
@@ -543,9 +209,12 @@ def test_every_op_is_implemented_natively(monkeypatch):
 Z = np.array([0.0, 1.0, -1.5, 0.0])
 
 
+_edge_ids: dict[str, int] = {}
+
+
 def E(op, fn, *inputs, tape_bug=""):
     """One edge row: ``E("relu", lambda x: ops.relu(x), Z)``."""
-    n = _ids[op + "@"] = _ids.get(op + "@", -1) + 1
+    n = _edge_ids[op] = _edge_ids.get(op, -1) + 1
     return pytest.param(
         op, fn, [np.asarray(x, dtype=np.float64) for x in inputs], tape_bug, id=f"{op}@{n}"
     )
@@ -660,8 +329,8 @@ def test_embedding_padding_idx_is_f_embedding_when_the_padding_row_is_zero():
     # alone gives the op's output and gradients exactly; torch_ops zeroes the positions too, for any row.
     rng = np.random.default_rng(5)
     table = rng.standard_normal((7, 3))
-    r = torch.as_tensor(rng.standard_normal(IDS.shape + (3,)))
-    ids = torch.as_tensor(IDS)
+    r = torch.as_tensor(rng.standard_normal(IDS7.shape + (3,)))
+    ids = torch.as_tensor(IDS7)
     for pad_row in (np.zeros(3), rng.standard_normal(3)):
         table[6] = pad_row
         grads = []
@@ -739,7 +408,7 @@ class _LinearBiasOff(torch.autograd.Function):
     (lambda x, w, b: ops.linear(x, w, b), [(2, 3, 5), (4, 5), (4,)], _LinearBiasOff, "linear", 2),
 ], ids=["batch_norm", "linear"])
 def test_negative_control_framework_kernel(fn, xs, wrong, kernel, bad_tensor, monkeypatch):
-    # torch_ops runs torch's own kernel, so a wrong backward in it shows in the float64 row check.
+    # torch_ops runs torch's own kernel, so a wrong backward in it shows in the float64 sample check.
     xs = [np.random.default_rng(3).uniform(0.5, 2.0, size=s) for s in xs]
     compare_gradients(fn, xs, f"{kernel} control")
     monkeypatch.setattr(to, "F", _Functional(**{kernel: wrong.apply}))
@@ -950,9 +619,9 @@ def test_import_gradcheck_does_not_import_torch():
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
-@pytest.mark.parametrize("row", [r for r in ROWS if r.values[0].grad][::4])
-def test_gradient_on_cuda(row, request, monkeypatch):
-    # Same rows, torch on the GPU, against the tape on the CPU.
+@pytest.mark.parametrize("sample", GRADIENT_PARAMS)
+def test_gradient_on_cuda(sample, request, monkeypatch):
+    # The same samples, torch on the GPU, against the tape on the CPU.
     monkeypatch.setattr(get_backend("torch"), "device", "cuda")
-    xs = row.inputs(np.float64, request.node.callspec.id)
-    compare_gradients(row.fn, xs, f"{row.op} on cuda")
+    xs = sample.arrays(_seed(request.node.callspec.id))
+    compare_gradients(sample.fn, xs, f"{sample.op} on cuda")

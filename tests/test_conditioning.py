@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from faults import wrong_sin_gradient
 
 from gradcheck import ops
-from gradcheck.backends.tape import ops as tape_ops
 from gradcheck.case import Case
 from gradcheck.check import conditioning
 from gradcheck.check.runner import RunOptions, run_case
@@ -67,43 +67,10 @@ def test_correct_backends_agree_within_the_reach_float64_has_at_this_point(seed)
     assert any(n.startswith("float64's reach:") for n in res.notes)
 
 
-def _wrong_sin(monkeypatch, backend, factor):
-    if backend == "tape":
-        original = tape_ops.sin.vjps[0]
-        monkeypatch.setitem(tape_ops.sin.vjps, 0, lambda g, ans, x: ops.mul(original(g, ans, x), factor))
-    elif backend == "torch":
-        import torch
-
-        from gradcheck.backends.torch import ops as torch_ops
-
-        class Sin(torch.autograd.Function):
-            @staticmethod
-            def forward(ctx, x):
-                ctx.save_for_backward(x)
-                return torch.sin(x)
-
-            @staticmethod
-            def backward(ctx, g):
-                return g * torch.cos(ctx.saved_tensors[0]) * factor
-
-        monkeypatch.setattr(torch_ops, "sin", Sin.apply)
-    else:
-        import jax
-
-        from gradcheck.backends.jax import ops as jax_ops
-
-        @jax.custom_vjp
-        def sin(x):
-            return jax.numpy.sin(x)
-
-        sin.defvjp(lambda x: (jax.numpy.sin(x), x), lambda x, g: (g * jax.numpy.cos(x) * factor,))
-        monkeypatch.setattr(jax_ops, "sin", sin)
-
-
 @pytest.mark.parametrize("backend", ["tape", "torch", "jax"])
 def test_a_wrong_gradient_is_far_outside_that_reach_and_blamed(monkeypatch, backend):
     _available(backend)
-    _wrong_sin(monkeypatch, backend, 1 + 1e-3)
+    wrong_sin_gradient(monkeypatch, backend, 1 + 1e-3)
     res = _run(0)
     for path in ("weight", "input"):
         leaf = next(x for x in res.leaves if x.path == path)
@@ -115,7 +82,7 @@ def test_at_a_well_conditioned_point_a_small_error_is_still_caught(monkeypatch, 
     _available(backend)
     clean = _run(0, gain=1.0)
     assert clean.verdict == "agree" and all(x.rounding == 0 for x in clean.leaves)  # nothing needed the probe
-    _wrong_sin(monkeypatch, backend, 1 + 1e-6)
+    wrong_sin_gradient(monkeypatch, backend, 1 + 1e-6)
     res = _run(0, gain=1.0)
     leaf = next(x for x in res.leaves if x.path == "weight")
     assert leaf.verdict == "disagree" and leaf.blame == [backend], (leaf.verdict, leaf.message)

@@ -349,7 +349,7 @@ def test_int_arguments_are_constants_not_errors():
 def test_an_op_the_tape_lacks(monkeypatch):
     monkeypatch.delattr(tape_ops, "softplus")  # softplus has no derived version in gradcheck.ops
     with pytest.raises(BackendOpMissing, match=r"op 'softplus' is not implemented by the tape backend; "
-                                               r"add `def softplus\(...\)` to gradcheck/backends/tape_ops.py"):
+                                               r"add `def softplus\(...\)` to gradcheck/backends/tape/ops.py"):
         ops.softplus(T(3))
     # Through the public API the same error surfaces (the runner records it per case and backend).
     with pytest.raises(BackendOpMissing, match="'softplus'.*tape"):

@@ -24,6 +24,7 @@ from gradcheck import ops
 from gradcheck.backends.numpy import kernels
 from gradcheck.backends.tape import ops as tape_ops
 from gradcheck.backends.tape import tape
+from gradcheck.ops import rules
 
 
 # ---------------------------------------------------------------- naive references
@@ -162,7 +163,7 @@ POOLS = _pool_cases()
 
 @pytest.mark.parametrize("label,x,k,s,p", POOLS, ids=[c[0] for c in POOLS])
 def test_max_pool_kernels_match_the_definition(label, x, k, s, p):
-    g = kernels.pool_geometry(x.shape, k, s, p)
+    g = rules.pool_geometry("max_pool2d", x.shape, k, s, p)
     ref, _ = naive_max_pool2d(x, g)
     np.testing.assert_array_equal(kernels.max_pool2d(x, g), ref)
     gy = np.random.default_rng(5).standard_normal(ref.shape)
@@ -174,7 +175,7 @@ def test_max_pool_kernels_match_the_definition(label, x, k, s, p):
 def test_max_pool_gradient_check_catches_the_last_maximum_winning():
     """Negative control: routing ties to the last maximum instead of the first is a different gradient."""
     label, x, k, s, p = POOLS[4]  # ties
-    g = kernels.pool_geometry(x.shape, k, s, p)
+    g = rules.pool_geometry("max_pool2d", x.shape, k, s, p)
     gy = np.ones(kernels.max_pool2d(x, g).shape)
     flipped = x[:, :, ::-1, ::-1]  # the first maximum of the flipped input is the last of the original
     wrong = kernels.max_pool2d_grad(np.ascontiguousarray(flipped), gy[:, :, ::-1, ::-1].copy(), g)[:, :, ::-1, ::-1]

@@ -28,8 +28,8 @@ import gradcheck
 import gradcheck.layers as L
 from gradcheck import ops, reports, results
 from gradcheck.app.cli import main
+from gradcheck.backends import reference_rank
 from gradcheck.case import Case
-from gradcheck.check.compare import order
 from gradcheck.check.runner import JOINT, RunOptions, run_case
 
 pytest_plugins = ["pytester"]
@@ -149,7 +149,7 @@ def test_the_joint_direction_agrees_on_a_correct_model_and_blames_a_wrong_vjp(mo
     else:  # the pairs find the leaves, and each is refereed apart
         assert set(bad) == {JOINT} | BIASES
         assert all(bad[p].blame == [culprit] for p in BIASES)
-        held = sorted((b for b in backends if b != culprit), key=order)
+        held = sorted((b for b in backends if b != culprit), key=reference_rank)
         assert j.message.startswith(f"{culprit}: the float64 referee and {' and '.join(held)} agree")
 
 

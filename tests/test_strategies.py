@@ -113,7 +113,7 @@ def test_wrong_vjp_shrinks_to_the_smallest_dense_layer_and_prints_the_replay(pyt
         from hypothesis import Phase, given, settings
         import gradcheck
         from gradcheck import ops, strategies as gst
-        from gradcheck.backends import tape_ops
+        from gradcheck.backends.tape import ops as tape_ops
 
         # No explain phase: it traces every line of every re-run, and is not the point here.
         @settings(max_examples=30, deadline=None, derandomize=True, database=None,

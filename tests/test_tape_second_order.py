@@ -2,8 +2,8 @@
 
 Two routes are checked:
 
-* ``tape.grad(..., create_graph=True)``: for every VJP row of
-  ``test_tape_vjp`` (max-pool excepted, which is first order by design) the
+* ``tape.grad(..., create_graph=True)``: for every drawn VJP sample of
+  ``tests/op_db.py`` (max-pool excepted, which is first order by design) the
   gradient of ``<w, sin(f(x))>`` is itself differentiated and its VJP compared
   with central differences of the first-order gradient (``check_second_order``).
   The ``sin`` makes the outer derivative flow through each op's VJP even when
@@ -21,7 +21,7 @@ import vjp_check
 from draws import examples
 from hypothesis import HealthCheck, find, given, settings
 from hypothesis import strategies as st
-from test_tape_vjp import ROWS, Draw
+from op_db import Draw, all_drawn
 from vjp_check import VjpMismatch, check_second_order, check_vjp
 
 import gradcheck
@@ -33,7 +33,7 @@ from gradcheck.backends.tape.tape import Tensor
 from gradcheck.tree import leaves_with_paths, map_leaves
 
 FIRST_ORDER_ONLY = {"max_pool2d"}  # its VJP routes to the arg-max; no VJP of its own
-SECOND_ROWS = [r for r in ROWS if r.kind == "vjp" and r.op not in FIRST_ORDER_ONLY]
+SECOND_ROWS = [r for r in all_drawn() if not r.constant and r.op not in FIRST_ORDER_ONLY]
 
 
 @pytest.mark.parametrize("row", SECOND_ROWS, ids=[r.label for r in SECOND_ROWS])

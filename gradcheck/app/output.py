@@ -4,7 +4,9 @@
 reports here, so a path that cannot be written is refused the same way, up
 front (a usage error that names the path, not a traceback after an hour's
 run), and a report on disk is always whole: a temporary file in the same
-folder, renamed over the target.
+folder, renamed over the target.  The formats are the rows of
+:mod:`gradcheck.reports.formats`: a registered format is rendered and written
+here like the built-in ones.
 """
 
 from __future__ import annotations
@@ -13,7 +15,14 @@ import os
 import tempfile
 from pathlib import Path
 
-FORMATS = ("html", "json", "junit", "markdown")
+from gradcheck.reports import formats
+
+
+def __getattr__(name):
+    # FORMATS, the registered formats' names as they are when asked (the pytest plugin's flags read it).
+    if name == "FORMATS":
+        return formats.names()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 class OutputError(ValueError):
@@ -51,9 +60,11 @@ def check_folder(folder, label: str, target=None) -> Path:
 
 
 def _example(label: str) -> str:
-    fmt = label.rsplit("-", 1)[-1]  # --html, --gradcheck-junit, --results
-    return {"html": "report.html", "json": "results.json", "junit": "junit.xml", "markdown": "summary.md",
-            "results": "results.jsonl"}.get(fmt, "report")
+    """A file name for the folder ``label`` was given: its format's example (--html, --gradcheck-junit)."""
+    name = label.lstrip("-").removeprefix("gradcheck-")
+    if name == "results":  # gradcheck run --results: the JSON lines every run streams
+        return "results.jsonl"
+    return formats.get(name).example if name in formats.names() else "report"
 
 
 def write_atomic(path, text: str) -> Path:
@@ -64,19 +75,8 @@ def write_atomic(path, text: str) -> Path:
 
 
 def render(fmt: str, run) -> str:
-    """The text of one report format for a RunResult."""
-    from gradcheck import reports
-    from gradcheck.results import dumps
-
-    if fmt == "json":  # the JSON form is the result model's own
-        return dumps(run) + "\n"
-    if fmt == "html":
-        return reports.render_html(run)
-    if fmt == "junit":
-        return reports.render_junit(run)
-    if fmt == "markdown":
-        return reports.render_markdown(run)
-    raise ValueError(f"unknown report format {fmt!r}; choose from {', '.join(FORMATS)}")
+    """The text of the report format named ``fmt`` for a RunResult (a ValueError listing the registered ones)."""
+    return formats.get(fmt).renderer()(run)
 
 
 def write_reports(run, paths: dict, step_summary=None) -> list[tuple[str, Path]]:
@@ -86,6 +86,8 @@ def write_reports(run, paths: dict, step_summary=None) -> list[tuple[str, Path]]
     summary appended: the step shares that file, so it is added to, in one
     write, never replaced.  A Markdown path equal to it is appended too.
     """
+    for fmt in paths:  # every name known before the first report is written
+        formats.get(fmt)
     written = []
     summary = Path(step_summary).resolve() if step_summary else None
     for fmt, path in paths.items():

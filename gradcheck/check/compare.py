@@ -17,7 +17,7 @@ Check 4 overrides check 3: a vacuous leaf's pairs are still compared and
 their numbers recorded, but rounding noise around zero decides nothing.
 Values leave the leaf ``agree`` or ``disagree`` as the pairs say; who is to
 blame is decided afterwards, with the referee's checks, by
-``gradcheck.check.verdict.decide`` (``judge_leaf`` does both).
+``gradcheck.check.verdict.decide``.
 """
 
 from __future__ import annotations
@@ -27,11 +27,10 @@ from collections.abc import Callable
 
 import numpy as np
 
+from gradcheck.backends import reference_rank  # which backend of a pair is its reference
 from gradcheck.check.tolerance import ResolvedTolerance, ToleranceRules
-from gradcheck.results import LeafResult, PairResult, RefereeCheck
+from gradcheck.results import LeafResult, PairResult
 
-# The order in which backends act as the reference of a pair.
-REFERENCE_ORDER = ("torch", "jax", "tape")
 HIST_EDGES = [float(e) for e in np.arange(-8.0, 4.01, 1.0)]
 WORST_ELEMENTS = 5
 MISSING = object()  # a backend that gave no array for a leaf
@@ -39,10 +38,6 @@ MISSING = object()  # a backend that gave no array for a leaf
 # rounding noise around an exact zero (a bias followed by BatchNorm, a head
 # that the loss ignores): comparing it checks nothing.
 VACUOUS_REL = {"float32": 1e-5, "float64": 1e-11}
-
-
-def order(name: str) -> int:
-    return REFERENCE_ORDER.index(name) if name in REFERENCE_ORDER else len(REFERENCE_ORDER)
 
 
 def pair_stats(a: np.ndarray, b: np.ndarray, tol: ResolvedTolerance, scale: float, backend: str,
@@ -143,17 +138,6 @@ def _pair(a: _Operand, b: _Operand, tol: ResolvedTolerance, scale: float, backen
     return out, (lambda: ratio) if ratio is not None else (lambda: _ratio(diff, allowed, nonzero))
 
 
-def judge_leaf(path: str, role: str, arrays: dict, *, dtype: str, rules: ToleranceRules, layer: str = "",
-               expect_array: bool = True, referee: list[RefereeCheck] | None = None,
-               case_scale: float = 0.0) -> LeafResult:
-    """Compare one leaf across backends and decide it (``compare_leaf``, then ``verdict.decide``)."""
-    from gradcheck.check import verdict
-
-    leaf = compare_leaf(path, role, arrays, dtype=dtype, rules=rules, layer=layer, expect_array=expect_array,
-                        case_scale=case_scale)
-    return verdict.decide(leaf, sorted(arrays, key=order), referee)
-
-
 def compare_leaf(path: str, role: str, arrays: dict, *, dtype: str, rules: ToleranceRules, layer: str = "",
                  expect_array: bool = True, case_scale: float = 0.0) -> LeafResult:
     """Compare one leaf across backends. ``arrays`` maps backend -> array, None or MISSING.
@@ -167,7 +151,7 @@ def compare_leaf(path: str, role: str, arrays: dict, *, dtype: str, rules: Toler
     verdict of a failed earlier check); blame is ``verdict.decide``'s.
     """
     leaf = LeafResult(path=path, role=role, layer=layer, dtype=dtype)
-    names = sorted(arrays, key=order)
+    names = sorted(arrays, key=reference_rank)
     given = {n: np.asarray(arrays[n]) for n in names if arrays[n] is not None and arrays[n] is not MISSING}
     if given:
         leaf.shape = list(next(iter(given.values())).shape)
@@ -190,7 +174,7 @@ def compare_leaf(path: str, role: str, arrays: dict, *, dtype: str, rules: Toler
     leaf.tolerance = base_tol.record(scale)
     ratios_of = []  # per pair: a function computing its elementwise error ratios
     for x, y in itertools.combinations(names, 2):
-        backend, reference = (y, x) if order(x) <= order(y) else (x, y)
+        backend, reference = (y, x) if reference_rank(x) <= reference_rank(y) else (x, y)
         tol = rules.resolve(path, dtype, layer, (backend, reference))
         pair, ratios = _pair(operands[backend], operands[reference], tol, scale, backend, reference)
         leaf.pairs.append(pair)
@@ -236,7 +220,7 @@ def _structure(leaf: LeafResult, names, arrays, given, expect_array, dtype) -> b
             blame.append(n)
     if problems:
         leaf.verdict = "structural"
-        leaf.blame = sorted(set(blame), key=order)
+        leaf.blame = sorted(set(blame), key=reference_rank)
         leaf.message = "; ".join(problems)
         return True
     leaf.verdict = "agree" if expect_array else "skipped"
@@ -250,7 +234,7 @@ def _nonfinite(leaf: LeafResult, given, finite) -> LeafResult:
         leaf.message = (f"every backend gives NaN/Inf at the same {next(iter(bad.values()))} element(s): "
                         "the function itself is not finite here, so this leaf cannot be checked")
     else:
-        leaf.blame = sorted(bad, key=order)
+        leaf.blame = sorted(bad, key=reference_rank)
         leaf.message = ", ".join(f"{n}: {k} NaN/Inf" for n, k in bad.items()) + " (policy: any NaN/Inf "
         leaf.message += "where another backend is finite is that backend's fault)"
     return leaf

@@ -10,6 +10,9 @@ multiply-adds of the contractions (conv, conv_transpose, matmul, einsum)
 and the elements every op writes -- and the seconds are estimated at fixed
 nominal rates.  Which referee mode a case gets is then a property of the
 case, the same on every machine and every run.
+
+The counter is the ``cost`` slot's interceptor of ``gradcheck.ops.dispatch``
+while a ``counting()`` block runs: it sees every numpy kernel's output.
 """
 
 from __future__ import annotations
@@ -20,6 +23,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
+
+from gradcheck.ops import dispatch
 
 # Nominal float64 rates of a two-core machine, fixed so that the estimate is.  Measured on
 # one: BLAS contractions reach ~1e10 multiply-adds/s, an elementwise op writes ~3e8
@@ -44,25 +49,35 @@ class Work:
         return f"{self.macs / 1e9:.3g} G multiply-adds, {self.elements / 1e6:.3g} M elements in {self.ops} ops"
 
 
-_current: Work | None = None  # read by gradcheck.ops.dispatch on every numpy op
+SLOT = "cost"  # this module's slot among the op interceptors (gradcheck.ops.dispatch)
+
+
+class _Counter(dispatch.Interceptor):
+    """Adds each numpy kernel's work to ``work`` (other backends' kernels are not the float64 forward's)."""
+
+    def __init__(self, work: Work):
+        self.work = work
+
+    def kernel(self, op: str, backend: str, args: tuple, out) -> None:
+        if backend == "numpy":
+            note(self.work, op, args, out)
 
 
 @contextmanager
 def counting() -> Iterator[Work]:
-    """Count the work of the numpy ops run inside the block."""
-    global _current
-    outer, _current = _current, Work()
-    try:
-        yield _current
-    finally:
-        _current = outer
+    """Count the work of the numpy ops run inside the block (apart from any outer block's count)."""
+    with dispatch.intercepting(SLOT, _Counter(Work())) as counter:
+        yield counter.work
 
 
-def note(op: str, args: tuple, out) -> None:
-    """Add one numpy op's work to the counter (called by ``gradcheck.ops`` while counting)."""
-    work = _current
-    if work is None:
-        return
+def current() -> Work | None:
+    """The work being counted, or None outside ``counting()``."""
+    counter = dispatch.innermost(SLOT)
+    return counter.work if counter is not None else None
+
+
+def note(work: Work, op: str, args: tuple, out) -> None:
+    """Add one numpy op's work to ``work``."""
     work.ops += 1
     for o in out if isinstance(out, tuple) else (out,):
         work.elements += int(np.size(o))

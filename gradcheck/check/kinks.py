@@ -22,6 +22,9 @@ inside another op's derived body: a backend may implement that op natively
 (torch's ``leaky_relu``) where another composes it (the tape's, from
 ``greater``), and the sequences of calls must match across backends.
 
+The recorder and the pinner are the ``kinks`` slot's interceptor of
+``gradcheck.ops.dispatch`` while their block runs (``recording``, ``pinned``).
+
 Branches by op: ``relu``/``leaky_relu``/``elu`` (input > 0), ``abs``
 (sign), ``maximum``/``minimum`` (which operand), ``max``/``min`` (the
 arg-max along the reduced axes), ``max_pool2d`` (each window's first
@@ -36,6 +39,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from gradcheck import ops
+from gradcheck.backends import backend_of
+from gradcheck.backends.numpy import kernels
+from gradcheck.ops import dispatch, rules
 from gradcheck.results import KinkReport
 
 OPS = frozenset({"relu", "leaky_relu", "elu", "abs", "maximum", "minimum", "max", "min", "max_pool2d",
@@ -96,7 +103,12 @@ class Recording:
         return out
 
 
-class _State:
+SLOT = "kinks"  # this module's slot among the op interceptors (gradcheck.ops.dispatch)
+
+
+class _State(dispatch.Interceptor):
+    """A recording or pinning in progress: the interceptor of every op call while its block runs."""
+
     def __init__(self, mode: str, recording: Recording, layer_of: Callable[[], str], stats: bool = True,
                  hold: Recording | None = None):
         self.mode = mode  # "record" or "pin"
@@ -110,12 +122,23 @@ class _State:
         self.crossed: list = []  # pin: per call, the elements where the backend's own decision differed
         self.decisions: list | None = None  # pin: the decision arrays as the backend holds them (jax: traced)
 
+    def around(self, name: str, run: Callable, args: tuple, kwargs: dict):
+        """The dispatcher's hook, on every op call: kink ops called from layer code are recorded or pinned.
 
-_active: _State | None = None
+        Calls made inside an op (``depth > 0``: its derived body, a pinned op's own arithmetic) only run.
+        """
+        if self.depth == 0 and name in OPS:
+            return call(self, name, run, args, kwargs)
+        self.depth += 1
+        try:
+            return run(*args, **kwargs)
+        finally:
+            self.depth -= 1
 
 
 def active() -> _State | None:
-    return _active
+    """The recording or pinning in effect, or None."""
+    return dispatch.innermost(SLOT)
 
 
 @contextlib.contextmanager
@@ -125,34 +148,22 @@ def recording(layer_of: Callable[[], str] = lambda: "", stats: bool = True, hold
     ``stats=False`` records the decisions alone (the referee's passes only ask whether they changed);
     ``hold``, a reference forward's recording, gives each ``stop_gradient`` call the value it held there.
     """
-    global _active
-    previous, _active = _active, _State("record", Recording(), layer_of, stats, hold)
-    try:
-        yield _active.recording
-    finally:
-        _active = previous
+    with dispatch.intercepting(SLOT, _State("record", Recording(), layer_of, stats, hold)) as state:
+        yield state.recording
 
 
 @contextlib.contextmanager
 def pinned(rec: Recording):
     """Pin every kink op called inside the block to ``rec``'s branches; yields the state (its ``crossed``)."""
-    global _active
-    previous, _active = _active, _State("pin", rec, lambda: "")
-    try:
-        yield _active
-    finally:
-        _active = previous
+    with dispatch.intercepting(SLOT, _State("pin", rec, lambda: "")) as state:
+        yield state
 
 
 @contextlib.contextmanager
 def suspended():
     """No recording or pinning inside the block (a driver's own bookkeeping)."""
-    global _active
-    previous, _active = _active, None
-    try:
+    with dispatch.intercepting(SLOT, None):
         yield
-    finally:
-        _active = previous
 
 
 def decision_arrays(rec: Recording) -> list[np.ndarray]:
@@ -170,7 +181,7 @@ def decisions_as(state: _State, arrays: list):
         state.decisions, state.position = saved[0], saved[1]
 
 
-# ---------------------------------------------------------------- the dispatcher's hook
+# ---------------------------------------------------------------- recording or pinning one call
 def call(state: _State, name: str, run: Callable, args: tuple, kwargs: dict):
     """Run kink op ``name`` under ``state``: record its branch, or pin it to the recorded one.
 
@@ -190,8 +201,6 @@ def call(state: _State, name: str, run: Callable, args: tuple, kwargs: dict):
             found = branches[i].op if i < len(branches) else "nothing"
             raise KinkMismatch(f"kink op call {i} is {name} here but {found} in the float64 reference forward")
         state.position += 1
-        from gradcheck import ops
-
         if name not in ("maximum", "minimum", "greater", "less") and ops.shape_of(args[0]) != branches[i].shape:
             raise KinkMismatch(f"kink op call {i} ({name}): input of shape {ops.shape_of(args[0])} where the "
                                f"float64 reference had {branches[i].shape}")
@@ -205,8 +214,6 @@ def call(state: _State, name: str, run: Callable, args: tuple, kwargs: dict):
 
 def _held(state: _State, run: Callable, args: tuple, kwargs: dict):
     """``stop_gradient`` on numpy while recording: keep its value, or, in a pass with ``hold``, give the held one."""
-    from gradcheck.backends import backend_of
-
     out = run(*args, **kwargs)
     if state.mode != "record" or backend_of(out) not in ("numpy", None):
         return out  # a backend's run: its own stop_gradient is what it differentiates
@@ -247,7 +254,8 @@ def _float(x) -> np.ndarray:
 
 
 def _measuring() -> bool:
-    return _active is None or _active.stats
+    state = active()
+    return state is None or state.stats
 
 
 def _record_positive(layer, name, out, x, *rest, **kw):
@@ -301,10 +309,8 @@ def _record_reduce(layer, name, out, x, axis=None, keepdims=False):
 
 def _record_max_pool(layer, name, out, x, kernel_size, stride=None, padding=0):
     """Which kernel tap holds each window's first maximum (a one-hot over taps), and each window's gap to its runner-up."""
-    from gradcheck.backends.numpy import kernels
-
     x = _float(x)
-    g = kernels.pool_geometry(x.shape, kernel_size, stride, padding)
+    g = rules.pool_geometry(name, x.shape, kernel_size, stride, padding)
     taps = np.stack(kernels._taps(x, g, -np.inf))  # (kh*kw, N, C, oh, ow), taps in row-major order
     hot = np.zeros(taps.shape, bool)
     np.put_along_axis(hot, np.argmax(taps, axis=0)[None], True, axis=0)
@@ -328,16 +334,12 @@ _RECORD = {"relu": _record_positive, "leaky_relu": _record_positive, "elu": _rec
 # ---------------------------------------------------------------- pinning (any backend, through ops)
 def _count_differ(same, like):
     """How many elements of the boolean ``same`` are False (a backend scalar)."""
-    from gradcheck import ops
-
     f = ops.astype(same, ops.dtype_of(like))
     return ops.sub(float(np.prod(ops.shape_of(f), dtype=np.int64)), ops.sum(f))
 
 
 def _pin_positive(name, run, decision, x, *rest, **kw):
     """relu / leaky_relu / elu: the kernel, and where its side of 0 differs, the reference's branch."""
-    from gradcheck import ops
-
     mine = run(x, *rest, **kw)
     same = ops.equal(ops.greater(x, 0.0), decision)
     # The reference's branch at the crossed elements: the identity on the positive side, the op's value at
@@ -354,8 +356,6 @@ def _pin_positive(name, run, decision, x, *rest, **kw):
 
 
 def _pin_abs(name, run, decision, x):
-    from gradcheck import ops
-
     mine = run(x)
     sign = ops.asarray(decision, like=x) if isinstance(decision, np.ndarray) else ops.astype(decision, ops.dtype_of(x))
     same = ops.equal(ops.greater(x, 0.0), ops.greater(sign, 0.0))
@@ -364,8 +364,6 @@ def _pin_abs(name, run, decision, x):
 
 def _pin_choose(name, run, decision, a, b):
     """maximum / minimum: where the kernel picks the other operand than the reference did, the reference's."""
-    from gradcheck import ops
-
     mine = run(a, b)
     cmp = ops.greater(a, b) if name == "maximum" else ops.less(a, b)
     same = ops.equal(cmp, decision)
@@ -374,8 +372,6 @@ def _pin_choose(name, run, decision, a, b):
 
 def _pin_compare(name, run, decision, a, b):
     """greater / less: the reference's answer (a comparison has no gradient: the branch is the whole result)."""
-    from gradcheck import ops
-
     mine = run(a, b)
     ref = ops.asarray(decision, like=mine) if isinstance(decision, np.ndarray) else decision
     same = ops.equal(mine, ref)
@@ -387,8 +383,6 @@ def _pin_compare(name, run, decision, a, b):
 
 def _pin_reduce(name, run, decision, x, axis=None, keepdims=False):
     """max / min: where the kernel's extremum is not the reference's element, that element."""
-    from gradcheck import ops
-
     mine = run(x, axis=axis, keepdims=keepdims)
     hot = ops.asarray(decision, like=x) if isinstance(decision, np.ndarray) else decision
     ref = ops.sum(ops.where(hot, x, ops.zeros_like(x)), axis=axis, keepdims=keepdims)
@@ -397,8 +391,6 @@ def _pin_reduce(name, run, decision, x, axis=None, keepdims=False):
 
 
 def _count_true(mask, like):
-    from gradcheck import ops
-
     return ops.sum(ops.astype(mask, ops.dtype_of(like)))
 
 
@@ -411,11 +403,8 @@ def _pin_max_pool(name, run, decision, x, kernel_size, stride=None, padding=0):
     slices of the padded input, so the gradient goes to the reference's
     element exactly; the kernel itself still runs, to count its crossings.
     """
-    from gradcheck import ops
-    from gradcheck.backends.numpy import kernels
-
     mine = run(x, kernel_size, stride, padding)
-    g = kernels.pool_geometry(ops.shape_of(x), kernel_size, stride, padding)
+    g = rules.pool_geometry(name, ops.shape_of(x), kernel_size, stride, padding)
     (pt, pb), (pl, pr) = g.pads
     padded = ops.pad(x, ((0, 0), (0, 0), (pt, pb), (pl, pr))) if pt or pb or pl or pr else x
     sh, sw = g.stride
@@ -438,12 +427,8 @@ _PIN = {"relu": _pin_positive, "leaky_relu": _pin_positive, "elu": _pin_positive
 @contextlib.contextmanager
 def resumed(state: _State):
     """Make ``state`` the active one inside the block (a driver tracing under a state it suspended)."""
-    global _active
-    previous, _active = _active, state
-    try:
+    with dispatch.intercepting(SLOT, state):
         yield state
-    finally:
-        _active = previous
 
 
 def differing(reference: Recording, other: Recording) -> int:

@@ -53,22 +53,21 @@ reference reached it, and finds the layer whose **own** backward disagrees.
 
 A module called several times is replayed once per call (``LayerCall.call``).
 
-**Options** (read with ``getattr``, so any options object will do):
-``per_layer`` replays a case that agrees too (layers only: blocks can only
-change the answer for a case that disagrees); ``keep_replays`` keeps every
-call's arrays (by default an agreeing call's are dropped once judged, and
-only disagreeing calls can be written as reproducers); ``rules`` are the
-tolerance rules the model was judged by.
+**Options** (``RunOptions`` fields): ``per_layer`` replays a case that
+agrees too (layers only: blocks can only change the answer for a case that
+disagrees); ``keep_replays`` keeps every call's arrays (by default an
+agreeing call's are dropped once judged, and only disagreeing calls can be
+written as reproducers); ``rules`` are the tolerance rules the model was
+judged by.
 
-**Cost**, ResNet-18 at 224x224 (agreeing, ``per_layer``): 44 layer replays
-per backend, about one float64 forward and backward of the model each, jax
-compiling 20 distinct layer configurations.  Measured on two shared cores
-(``run_case`` then ``localise(per_layer=True)``, a fresh process each, four
-pairs): the replay took 17-39 s where ``run_case`` took 32-61 s, so
-``--per-layer`` costs 1.4-1.9x the plain run (1.6x on the means).  A case
-that disagrees replays the layers and only the blocks after the deepest
-wrong layer: ResNet-18 with a wrong layer3 BatchNorm, 44 layers and 3
-blocks, 4-10 s.
+**Cost.**  Every layer is replayed once per backend, each replay about one
+float64 forward and backward of that layer alone, so the layers together
+cost about one forward and backward of the model per backend; jax compiles
+once per distinct layer configuration (ResNet-18: 44 layer replays, 20
+configurations).  A case that disagrees replays the layers and only the
+blocks after the deepest wrong layer.  What ``--per-layer`` costs, measured,
+is in BENCHMARKS.md ("What the optional checks cost"; "The per-layer
+replay").
 """
 
 from __future__ import annotations
@@ -81,13 +80,14 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 
 from gradcheck import ops
-from gradcheck.backends import get_backend
+from gradcheck.backends import get_backend, reference_rank
 from gradcheck.backends.base import Evaluation, all_leaves, map_output
 from gradcheck.backends.tape import tape
 from gradcheck.case import cast_floats
 from gradcheck.check import kinks, verdict
 from gradcheck.check import referee as ref
-from gradcheck.check.compare import MISSING, compare_leaf, order
+from gradcheck.check.compare import MISSING, compare_leaf
+from gradcheck.check.errors import short_error
 from gradcheck.check.tolerance import ToleranceRules
 from gradcheck.module import CHILD, PARAM, Module, buffer, child, intercepting
 from gradcheck.results import LeafResult, Origin
@@ -129,13 +129,15 @@ def _layer_loss(layer, inputs, kwargs, cotangent):
     """``<r, layer(*inputs, **kwargs)>`` and the output: one function for every replay (jax caches by it)."""
     out = layer(*inputs, **kwargs)
     loss = None
-    for o, held in zip(_float_arrays(out), cotangent.items, strict=True):
+    for o, held in zip(float_arrays(out), cotangent.items, strict=True):
         term = ops.sum(ops.mul(o, held.value))
         loss = term if loss is None else ops.add(loss, term)
     return loss, out
 
 
-def _float_arrays(out) -> list:
+def float_arrays(out) -> list:
+    """The floating-point arrays of a layer's output (an array, or a tuple, list or dict of them), in order:
+    what a replay's cotangent pairs with, and what a reproducer stores (``gradcheck.repro``)."""
     found = []
     map_output(out, lambda v: found.append(v) if is_float_array(v) else None)
     return found
@@ -226,7 +228,8 @@ class LayerCall:
 
 @dataclass
 class Localisation:
-    """Everything one replay found; kept on the CaseRun (``cr.localisation``) for ``gradcheck.repro``."""
+    """Everything one replay found: what ``localise`` returns, and ``check`` keeps on the case's
+    ``CaseRun.localisation`` for the checks after it (``gradcheck.repro`` writes reproducers from it)."""
 
     calls: list[LayerCall]
     backends: list[str]
@@ -242,7 +245,7 @@ class Localisation:
             worst = max(c.grads + c.forward, key=lambda leaf: leaf.headroom, default=None)
             rows.append({"path": c.name, "layer": c.layer, "unit": c.unit, "verdict": c.verdict,
                          "blame": sorted({b for leaf in c.vjp_off() + c.forward_off() for b in leaf.blame},
-                                         key=order),
+                                         key=reference_rank),
                          "leaves": len(c.grads), "headroom": worst.headroom if worst else 0.0,
                          "seconds": dict(c.seconds), "errors": dict(c.errors)})
         return rows
@@ -358,13 +361,14 @@ def _replay(recs: list[LayerCall], names: list[str], rules: ToleranceRules, keep
     """Each call's layer alone on every backend, then compared in float64.
 
     Backend by backend over a chunk of calls, not layer by layer:
-    alternating frameworks call after call hands the two cores from one
-    framework's thread pool to the other's (torch's replays of ResNet-18 took
-    6.0 s so, 2.1 s batched).  Chunks bound what is held at once: after
-    judging, an agreeing call's arrays are dropped unless ``keep``
-    (ResNet-18 at 224x224 would otherwise hold ~0.7 GB of them).
+    alternating frameworks call after call hands the cores from one
+    framework's thread pool to the other's, and is several times slower
+    than batching them (BENCHMARKS.md, "The per-layer replay").
+    Chunks bound what is held at once: after judging, an agreeing call's
+    arrays are dropped unless ``keep`` (every layer's inputs, outputs and
+    gradients otherwise, a model's worth of them per backend).
     """
-    todo = [r for r in recs if r.cotangent and len(r.cotangent) == len(_float_arrays(r.output))]
+    todo = [r for r in recs if r.cotangent and len(r.cotangent) == len(float_arrays(r.output))]
     for start in range(0, len(todo), CHUNK):
         chunk = todo[start:start + CHUNK]
         for name in names:
@@ -374,8 +378,6 @@ def _replay(recs: list[LayerCall], names: list[str], rules: ToleranceRules, keep
                 try:
                     rec.evaluations[name] = rec.evaluate(driver)
                 except Exception as exc:  # one backend failing on one layer is that layer's note, not the case's end
-                    from gradcheck.check.runner import short_error
-
                     rec.errors[name] = short_error(exc)
                 rec.seconds[name] = time.perf_counter() - t0
         for rec in chunk:
@@ -386,7 +388,7 @@ def _replay(recs: list[LayerCall], names: list[str], rules: ToleranceRules, keep
 
 def _judge(rec: LayerCall, rules: ToleranceRules) -> None:
     evs = rec.evaluations
-    ran = sorted(evs, key=order)
+    ran = sorted(evs, key=reference_rank)
     rec.replayed = len(ran) >= 2
     if not rec.replayed:
         return
@@ -404,7 +406,7 @@ def _judge(rec: LayerCall, rules: ToleranceRules) -> None:
         leaf = compare_leaf(p, role, {b: evs[b].grads.get(p, MISSING) for b in ran}, dtype="float64", rules=rules,
                             layer=rec.layer, case_scale=scale)
         rec.grads.append(verdict.decide(leaf, ran))
-    n_out = len(_float_arrays(rec.output))
+    n_out = len(float_arrays(rec.output))
     for k in range(n_out):
         path = f"{rec.name}:output" + ("" if n_out == 1 else f".{k}")
         leaf = compare_leaf(path, "output", {b: _nth_float(evs[b].value[1], k) for b in ran}, dtype="float64",
@@ -418,7 +420,7 @@ def _judge(rec: LayerCall, rules: ToleranceRules) -> None:
 
 
 def _nth_float(value, k):
-    arrays = _float_arrays(value)
+    arrays = float_arrays(value)
     return arrays[k] if k < len(arrays) else MISSING
 
 
@@ -439,7 +441,7 @@ def _layer_referee(rec: LayerCall, leaves: list[LeafResult], names: list[str], r
     with kinks.recording() as reference:
         loss, out = evaluate({})
     loss_abs = float(sum(np.sum(np.abs(np.asarray(o) * np.asarray(c)))
-                         for o, c in zip(_float_arrays(out), rec.cotangent)))
+                         for o, c in zip(float_arrays(out), rec.cotangent)))
 
     def loss64(replaced):
         with kinks.recording(hold=reference) as got:
@@ -464,31 +466,26 @@ def disagrees(res) -> bool:
     return any(leaf.verdict in OFF for leaf in res.leaves)
 
 
+def check(cr, runs: dict, options, res) -> None:
+    """The check's entry point (``gradcheck.check.checks``): ``localise``, its result kept on the case's
+    ``CaseRun.localisation`` for the checks after it.  A failure of the replay itself is a note on the
+    case, never the case's end (the check is registered so)."""
+    cr.localisation = localise(cr, runs, res, options)
+
+
 def localise(cr, runs: dict, res, options) -> Localisation | None:
     """Replay each layer alone on every backend in ``runs``; set ``res.origin`` and mark inherited leaves.
 
-    Runs when the case disagrees, or always with ``options.per_layer``.  The
-    result is also kept as ``cr.localisation`` (``gradcheck.repro`` writes
-    reproducers from it).  A failure of the replay itself is a note on the
-    case, never the case's end.
+    Runs when the case disagrees, or always with ``options.per_layer``; returns what the replay found
+    (None when it did not run).
     """
-    asked = bool(getattr(options, "per_layer", False))
-    if not (asked or disagrees(res)):
+    if not (options.per_layer or disagrees(res)):
         return None
-    names = sorted(runs, key=order)
+    names = sorted(runs, key=reference_rank)
     if len(names) < 2:
         res.notes.append(f"per-layer replay: needs two backends, only {', '.join(names) or 'none'} ran")
         return None
-    rules = getattr(options, "rules", None) or ToleranceRules()
-    try:
-        loc = _localise(cr, names, res, rules, bool(getattr(options, "keep_replays", False)))
-    except Exception as exc:  # a diagnosis that fails must not take the case's verdict with it
-        from gradcheck.check.runner import short_error
-
-        res.notes.append("per-layer replay failed (a bug in gradcheck; please report it): " + short_error(exc))
-        return None
-    cr.localisation = loc
-    return loc
+    return _localise(cr, names, res, options.rules or ToleranceRules(), options.keep_replays)
 
 
 @runtime_checkable
@@ -560,7 +557,7 @@ def _localise(cr, names, res, rules, keep: bool) -> Localisation:
 
 
 def _blame(leaves: list[LeafResult]) -> list[str]:
-    return sorted({b for leaf in leaves for b in leaf.blame}, key=order)
+    return sorted({b for leaf in leaves for b in leaf.blame}, key=reference_rank)
 
 
 def _short(leaf: LeafResult, prefix: str) -> str:
@@ -594,7 +591,7 @@ def _vjp_origin(c: LayerCall, names) -> Origin:
 def _forward_origin(c: LayerCall | None, replayed, cr, res) -> Origin:
     if c is None:
         root = type(cr.model).__name__
-        blame = sorted({b for leaf in res.leaves if leaf.verdict in OFF for b in leaf.blame}, key=order)
+        blame = sorted({b for leaf in res.leaves if leaf.verdict in OFF for b in leaf.blame}, key=reference_rank)
         return Origin(path="", layer=root, kind="vjp", blame=blame, message=(
             f"no layer's own backward or forward disagrees when replayed alone ({len(replayed)} replayed); the "
             f"disagreement comes from code outside every replayed layer: the model's own code between its layers "

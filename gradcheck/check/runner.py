@@ -1,6 +1,6 @@
 """The runner: each case through every backend in float64 and float32, compared, refereed, streamed to disk.
 
-A straight line per case:
+``run_case`` is a straight line per case:
 
 1. ``CaseRun``: the model, inputs and loss cotangent from the case seed
    (numpy, identical bits for every backend), widened exactly to float64;
@@ -9,15 +9,28 @@ A straight line per case:
 2. ``_run_backends``: each backend in float64, then in float32 pinned to the
    reference's kinks; a backend that compiles (jax) runs its float32 call
    twice, the second timing the computation alone.  One backend that fails
-   is that backend's recorded error; the others go on.
+   is that backend's recorded error; the others go on.  A backend that
+   writes into the arrays it was handed is reported, and the next one gets
+   the case's values again (``CaseRun.restore_changed``).
 3. ``_compare``: every leaf (forward outputs, updated buffers, gradients)
    compared across backends in float64, once (``gradcheck.check.compare``).
 4. ``_referee``: float64 central differences where blame is needed, or for
    every leaf when that is cheap (``gradcheck.check.referee``).
-5. ``gradcheck.check.verdict``: blame from the referee or a majority; each
-   backend's float32 result measured against its float64 one; the case's
-   verdict.
+5. ``gradcheck.check.verdict``: blame from the referee or a majority.
+6. ``_within_reach``: what still disagrees is held to float64's own reach
+   at this point (every float leaf moved by a unit roundoff, one more float64
+   call per backend, ``gradcheck.check.conditioning``) before anyone is
+   blamed for it; then each backend's float32 result measured against its
+   float64 one, and the case's verdict.
+7. ``_run_checks``: the registered checks (``gradcheck.check.checks``), in
+   order, each where its options ask for it: the per-layer replay that finds
+   where a disagreement starts (``gradcheck.check.localise``), the origin
+   layer's standalone reproducer (``gradcheck.repro``), Hessian-vector
+   products (``gradcheck.check.second_order``) and training-step
+   trajectories (``gradcheck.check.trajectory``).
 
+A broken case, a backend that fails and a bug in gradcheck's own code are
+each recorded on the case (``gradcheck.check.errors``), and the run goes on.
 Each finished case is appended to the JSON-lines results file at once, so an
 interrupted run loses nothing.
 """
@@ -29,19 +42,19 @@ import os
 import platform
 import sys
 import time
-import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from gradcheck import module, ops, repro
-from gradcheck.backends import get_backend
+from gradcheck import module, ops
+from gradcheck.backends import default_backends, get_backend, reference_rank
 from gradcheck.backends.base import BackendUnavailable, all_leaves
 from gradcheck.case import Case, cast_floats, materialise
-from gradcheck.check import conditioning, cost, kinks, localise, second_order, trajectory, verdict
+from gradcheck.check import checks, conditioning, cost, kinks, localise, verdict
 from gradcheck.check import referee as ref
-from gradcheck.check.compare import MISSING, compare_leaf, first_in_backward_order, order
+from gradcheck.check.compare import MISSING, compare_leaf, first_in_backward_order
+from gradcheck.check.errors import internal_error, short_error
 from gradcheck.check.tolerance import ToleranceRules
 from gradcheck.results import (
     SCHEMA,
@@ -54,7 +67,7 @@ from gradcheck.results import (
 )
 from gradcheck.tree import leaf_owner_types, module_paths, replace_leaves
 
-DEFAULT_BACKENDS = ("tape", "torch", "jax")
+DEFAULT_BACKENDS = default_backends()  # the registry's rows marked default (gradcheck.backends)
 
 
 @dataclass
@@ -73,7 +86,10 @@ class RunOptions:
     # ("fail": verdict "partial") or is said beside its verdict ("warn"): a partial check is not the cross-check
     unavailable: str = "warn"
     replay: Callable[[Case], str] | None = None  # command line that re-runs one case
+    # The options of the checks after the cross-check (gradcheck.check.checks), each read by its check alone.
     per_layer: bool = False  # replay every layer alone even when the model agrees (gradcheck.check.localise)
+    # keep every replayed layer call's arrays, not only the disagreeing ones' (for gradcheck.repro's calls="all")
+    keep_replays: bool = False
     repro: str | None = None  # a folder: write a standalone reproducer of each disagreement's origin layer
     order: int = 1  # 2: Hessian-vector products per leaf too (gradcheck.check.second_order)
     steps: int = 0  # N > 0: N optimiser steps per backend from the same start (gradcheck.check.trajectory)
@@ -86,7 +102,7 @@ class RunOptions:
         if self.unavailable not in verdict.UNAVAILABLE_POLICIES:
             raise ValueError(f"unavailable={self.unavailable!r}; expected one of "
                              f"{', '.join(verdict.UNAVAILABLE_POLICIES)}")
-        trajectory.check_options(self.order, self.steps, self.optimizer, self.lr)
+        checks.validate(self)
 
 
 def input_prefixes(n: int) -> tuple[str, ...]:
@@ -95,13 +111,6 @@ def input_prefixes(n: int) -> tuple[str, ...]:
 
 def _as_list(out) -> list:
     return list(out) if isinstance(out, (tuple, list)) else [out]
-
-
-def short_error(exc: BaseException) -> str:
-    """The error's type and message first, then where it was raised (the last few frames)."""
-    frames = traceback.extract_tb(exc.__traceback__)[-4:]
-    where = "".join(f"  {f.filename.split('site-packages/')[-1]}:{f.lineno} in {f.name}\n" for f in frames)
-    return f"{type(exc).__name__}: {exc}\n{where}".rstrip()
 
 
 class CaseRun:
@@ -136,6 +145,8 @@ class CaseRun:
         self.loss_abs = float(sum(np.sum(np.abs(np.asarray(o, np.float64) * r)) for o, r in zip(outs, self.cotangents64)))
         self.n_out = len(outs)
         self._loss_noise: float | None = None
+        # What the localise check found (gradcheck.check.localise), for the checks after it (gradcheck.repro).
+        self.localisation: localise.Localisation | None = None
 
     def loss_fn(self, cotangents):
         forward = self.forward
@@ -150,8 +161,9 @@ class CaseRun:
 
         return f
 
-    def check_unchanged(self, backend: str, before: dict, res: CaseResult) -> None:
-        """Report a backend that changed the arrays it was handed, and give the case its values back."""
+    def restore_changed(self, backend: str, before: dict, res: CaseResult) -> None:
+        """Report a backend that changed the arrays it was handed (``localise.check_unchanged`` against the
+        ``localise.snapshot`` in ``before``), and give the case its values back."""
         for key, attr in (("64", "args64"), ("32", "args32")):
             if key not in before:
                 continue
@@ -194,6 +206,7 @@ class BackendRun:
 
 
 def run_case(case: Case, options: RunOptions | None = None) -> CaseResult:
+    """One case, through the steps of the module doc; a result always, never an exception of the case's."""
     options = options or RunOptions()
     res = CaseResult(name=case.name, model=case.model or case.name, dtype=case.dtype, mode=case.mode,
                      seed=case.seed, backends=list(options.backends), notes=list(case.notes),
@@ -212,8 +225,7 @@ def run_case(case: Case, options: RunOptions | None = None) -> CaseResult:
         if runs:
             _compare(cr, runs, options, res)
     except Exception as exc:  # gradcheck's own bug: this case's error, and the run goes on
-        res.errors["case"] = ("internal error while comparing (a bug in gradcheck; please report it): "
-                              + short_error(exc))
+        res.errors["case"] = internal_error("internal error while comparing", exc)
         res.verdict = "error"
         return res
     res.verdict = verdict.case_verdict(res.leaves, res.errors, res.unavailable, options.unavailable)
@@ -222,16 +234,21 @@ def run_case(case: Case, options: RunOptions | None = None) -> CaseResult:
                                                res)
         res.verdict = "error"
     res.first_disagreement = first_in_backward_order(res.leaves)
-    if runs:  # where a disagreement starts: each layer replayed alone (only when needed, unless per_layer)
-        localise.localise(cr, runs, res, options)
-        if options.repro and res.origin is not None and res.origin.path:
-            folders = repro.write_repro(options.repro, cr, res)
-            res.notes += [f"reproducer for {res.origin.path}: {f}" for f in folders]
-    if runs and options.order > 1:  # Hessian-vector products, leaves of role "hvp"
-        second_order.check(cr, runs, options, res)
-    if runs and options.steps:  # N optimiser steps per backend
-        trajectory.check(cr, runs, options, res)
+    if runs:
+        _run_checks(cr, runs, options, res)
     return res
+
+
+def _run_checks(cr: CaseRun, runs: dict[str, BackendRun], options: RunOptions, res: CaseResult) -> None:
+    """Every registered check the options ask for, in order (``gradcheck.check.checks``).  One that raises
+    is a bug in gradcheck, recorded as that check declares, and the next one runs."""
+    for check in checks.registered():
+        if not check.wanted(options):
+            continue
+        try:
+            check.run(cr, runs, options, res)
+        except Exception as exc:
+            check.record_failure(res, exc)
 
 
 def _nothing_compared(ran: list[str], referee: str, res: CaseResult | None = None) -> str:
@@ -263,7 +280,7 @@ def _run_backends(cr: CaseRun, options: RunOptions, res: CaseResult) -> dict[str
         before["32"] = localise.snapshot(cr.args32, cr.prefixes)
     for name in options.backends:
         _evaluate_backend(name, cr, options, res, runs, f64, f32)
-        cr.check_unchanged(name, before, res)
+        cr.restore_changed(name, before, res)
     return runs
 
 
@@ -331,7 +348,7 @@ def _compare(cr: CaseRun, runs: dict[str, BackendRun], options: RunOptions, res:
     owners = {}
     for a, p in zip(cr.args64, cr.prefixes):
         owners.update(leaf_owner_types(a, p))
-    names = sorted(runs, key=order)
+    names = sorted(runs, key=reference_rank)
     measured = cr.args32 is not None
 
     def judge(path, role, get, layer="", expect_array=True, scale=0.0):
@@ -445,7 +462,7 @@ def _within_reach(cr: CaseRun, runs: dict[str, BackendRun], leaves: list[LeafRes
         if conditioning.within_reach(leaf, spreads[leaf.path]):
             held.append(leaf.path)
         elif leaf.rounding:  # some pairs were within reach: who is outside it is decided again, with them agreeing
-            verdict.decide(leaf, sorted(runs, key=order), leaf.referee)
+            verdict.decide(leaf, sorted(runs, key=reference_rank), leaf.referee)
     if held:
         res.notes.append(f"float64's reach: {len(held)} of {len(leaves)} disagreeing leaves differ by no more "
                          f"than rounding moves them at this point ({conditioning.SPREAD_FACTOR:g}x a unit roundoff's "
@@ -524,19 +541,42 @@ def _referee(cr: CaseRun, runs, judged: list[LeafResult], options: RunOptions, r
                 f"({ref.PASSES * len(judged)} float64 passes; one pass: {cr.forward64_work}), over the budget of "
                 f"{options.referee_budget_s:g} s (referee_budget_s), so all leaves were checked along one joint "
                 f"direction and each leaf the backends disagree on apart; --referee leaves checks every leaf")
-        _joint_referee(cr, point, dirs, grads, max(rtol(p) for p in point), res)
+        _joint_referee(cr, runs, point, dirs, grads, max(rtol(p) for p in point), res)
+    gradients_at = _gradients_at(cr, runs)
+    slope = ref.SlopeCheck(gradients_at) if gradients_at is not None else None
     out = {}
     for path in chosen:
         out[path], passes = ref.check(cr.loss64, point, {path: dirs[path]}, grads, rtol(path), cr.loss_abs,
-                                      cr.loss_noise())
+                                      cr.loss_noise(), slope)
         res.referee_passes += passes
+    if slope is not None and slope.assumed:
+        res.notes.append(
+            f"referee: the finite difference missed every backend on {slope.measured + slope.assumed} leaves; the slope "
+            f"was measured on {slope.measured} of them (one backend's float64 gradient at each step's two ends) and "
+            f"moved within the step on {slope.unsteady}, so on the other {slope.assumed} the difference "
+            + ("was not trusted: the referee abstained there" if slope.unsteady else "stands as it is"))
     return out
+
+
+def _gradients_at(cr: CaseRun, runs) -> ref.GradientsAt | None:
+    """One backend's float64 gradients at a moved point, for the referee's slope check: a backend that does not
+    compile first (a moved point is a new call), in the reference order."""
+    names = sorted(runs, key=lambda b: (get_backend(b).compiles, reference_rank(b)))
+    if not names:
+        return None
+    name = names[0]
+
+    def gradients_at(replaced: dict) -> tuple[str, dict]:
+        args = [replace_leaves(a, replaced, p) for a, p in zip(cr.args64, cr.prefixes)]
+        return name, get_backend(name).evaluate(cr.loss_fn(cr.cotangents64), args, cr.prefixes).grads
+
+    return gradients_at
 
 
 JOINT = "(all leaves, joint direction)"  # the path of the joint direction's own leaf (role "referee")
 
 
-def _joint_referee(cr, point, dirs, grads, rtol, res: CaseResult) -> None:
+def _joint_referee(cr, runs, point, dirs, grads, rtol, res: CaseResult) -> None:
     """Every trainable leaf at once along one direction: four passes for the whole model.
 
     Its word becomes a leaf of its own (path ``JOINT``, role ``referee``),
@@ -545,7 +585,9 @@ def _joint_referee(cr, point, dirs, grads, rtol, res: CaseResult) -> None:
     gradients were held against (one backend ran).  Otherwise the pairs
     compared every leaf, and a note records that the joint direction agrees.
     """
-    checks, passes = ref.check(cr.loss64, point, dirs, grads, rtol, cr.loss_abs, cr.loss_noise())
+    gradients_at = _gradients_at(cr, runs)
+    checks, passes = ref.check(cr.loss64, point, dirs, grads, rtol, cr.loss_abs, cr.loss_noise(),
+                               ref.SlopeCheck(gradients_at) if gradients_at is not None else None)
     res.referee_passes += passes
     if not checks:
         return
@@ -557,7 +599,7 @@ def _joint_referee(cr, point, dirs, grads, rtol, res: CaseResult) -> None:
         res.notes.append(f"{where}: abstained, the finite difference is unstable at this point ({summary})")
         return
     res.notes.append(f"{where}: {summary}")
-    names = sorted((c.backend for c in checks), key=order)
+    names = sorted((c.backend for c in checks), key=reference_rank)
     leaf = verdict.decide(LeafResult(path=JOINT, role="referee", dtype="float64"), names, checks)
     if leaf.verdict == "agree" and len(names) > 1:
         return

@@ -51,14 +51,16 @@ import time
 import numpy as np
 
 from gradcheck import ops
-from gradcheck.backends import get_backend
+from gradcheck.backends import get_backend, own_hvp, reference_rank
 from gradcheck.backends.base import all_leaves
 from gradcheck.check import kinks, verdict
 from gradcheck.check import referee as ref
-from gradcheck.check.compare import MISSING, compare_leaf, order
+from gradcheck.check.compare import MISSING, compare_leaf
+from gradcheck.check.errors import short_error
 from gradcheck.results import LeafResult, RefereeCheck, SecondOrder, Timing, worst_verdict
 from gradcheck.tree import leaf_owner_types, replace_leaves
 
+ORDERS = (1, 2)  # RunOptions.order: 1 gradients, 2 Hessian-vector products too
 HVP_PREFIX = "hvp:"
 V_PREFIX = "hvp.v"  # the direction's argument: its leaves' gradients (the first-order gradient) are dropped
 
@@ -100,11 +102,12 @@ def hvp(driver, f, args, prefixes, v: dict[str, np.ndarray]) -> dict[str, np.nda
     """``H v`` of ``f``'s loss on one backend: the gradient of ``<grad f, v>``, per trainable leaf.
 
     The tape and torch: a ``gradient`` inside a ``gradient`` (create_graph, double backward).  jax:
-    forward over reverse, the JVP along ``v`` of the driver's own gradient, compiled: on the tiny
-    transformer XLA compiles it in 5.7 s against 7.4 s for grad-of-grad (3.0 s for the gradient alone).
+    forward over reverse, the JVP along ``v`` of the driver's own gradient, compiled, which XLA
+    compiles faster than grad-of-grad (BENCHMARKS.md, "Second order on jax").
     """
-    if driver.name == "jax":
-        return _hvp_jax(driver, f, args, prefixes, v)
+    own = own_hvp(driver.name)  # the backend's own, from its registry row (jax's: _hvp_jax)
+    if own is not None:
+        return own(driver, f, args, prefixes, v)
 
     def inner_product(*outer):
         *xs, vv = outer
@@ -154,17 +157,16 @@ def _resumed(f, state):
     return g
 
 
-def check(cr, runs: dict, options, res) -> None:
-    """Add the second-order leaves (role ``hvp``) to ``res`` and fold them into its verdict."""
-    from gradcheck.check.runner import short_error
+def check_options(order: int) -> None:
+    """``RunOptions.order``, or a ValueError saying what it must be."""
+    if isinstance(order, bool) or order not in ORDERS:
+        raise ValueError(f"order={order!r}; expected 1 (gradients) or 2 (Hessian-vector products too)")
 
-    try:
-        leaves, errors = _check(cr, runs, options, res)
-    except Exception as exc:  # gradcheck's own bug: this case's error, and the run goes on
-        res.errors["second order"] = ("internal error in the second-order check (a bug in gradcheck; please "
-                                      "report it): " + short_error(exc))
-        res.verdict = "error"
-        return
+
+def check(cr, runs: dict, options, res) -> None:
+    """The check's entry point (``gradcheck.check.checks``): add the second-order leaves (role ``hvp``) to
+    ``res``, ``res.second_order`` saying how they were checked, and fold them into its verdict."""
+    leaves, errors = _check(cr, runs, options, res)
     res.errors.update(errors)
     res.leaves.extend(leaves)
     res.leaves_compared += sum(1 for leaf in leaves if leaf.verdict != "skipped" and (leaf.pairs or leaf.referee))
@@ -173,8 +175,6 @@ def check(cr, runs: dict, options, res) -> None:
 
 
 def _check(cr, runs, options, res) -> tuple[list[LeafResult], dict]:
-    from gradcheck.check.runner import short_error
-
     so = res.second_order = SecondOrder()
     train = [leaf for leaf in all_leaves(cr.args64, cr.prefixes) if leaf.trainable]
     if not train:
@@ -189,7 +189,7 @@ def _check(cr, runs, options, res) -> tuple[list[LeafResult], dict]:
     f32 = cr.loss_fn(cr.cotangents32)
     v32 = {p: d.astype(np.float32) for p, d in v.items()}
     hv64, hv32, errors = {}, {}, {}
-    for name in sorted(runs, key=order):
+    for name in sorted(runs, key=reference_rank):
         driver = get_backend(name)
         timing = so.timings[name] = Timing()
         try:
@@ -211,7 +211,7 @@ def _check(cr, runs, options, res) -> tuple[list[LeafResult], dict]:
                 timing.first = time.perf_counter() - t0
             except Exception as exc:
                 errors[f"{name} (second order, float32)"] = short_error(exc)
-    so.backends = sorted(hv64, key=order)
+    so.backends = sorted(hv64, key=reference_rank)
     for why in so.unavailable.values():
         res.notes.append(f"second order: {why}; its Hessian-vector products are not compared")
     if not hv64:

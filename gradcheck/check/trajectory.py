@@ -34,23 +34,22 @@ import time
 
 import numpy as np
 
-from gradcheck.backends import get_backend
+from gradcheck.backends import get_backend, reference_rank
 from gradcheck.backends.base import all_leaves
 from gradcheck.case import cast_floats
 from gradcheck.check import verdict
-from gradcheck.check.compare import compare_leaf, order, pair_stats
+from gradcheck.check.compare import compare_leaf, pair_stats
+from gradcheck.check.errors import short_error
+from gradcheck.reports.text import trajectory_message
 from gradcheck.results import LeafResult, Trajectory, worst_verdict
 from gradcheck.tree import leaf_owner_types, replace_leaves
 
 OPTIMIZERS = ("sgd", "adam")
 DEFAULT_LR = {"sgd": 1e-2, "adam": 1e-3}
-ORDERS = (1, 2)
 
 
-def check_options(order: int, steps: int, optimizer: str, lr: float | None) -> None:
-    """``RunOptions``' second-order and trajectory fields, or a ValueError naming the one that is wrong."""
-    if isinstance(order, bool) or order not in ORDERS:
-        raise ValueError(f"order={order!r}; expected 1 (gradients) or 2 (Hessian-vector products too)")
+def check_options(steps: int, optimizer: str, lr: float | None) -> None:
+    """``RunOptions``' trajectory fields, or a ValueError naming the one that is wrong."""
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
         raise ValueError(f"steps={steps!r}; expected a non-negative integer (0: no trajectory)")
     if optimizer not in OPTIMIZERS:
@@ -107,22 +106,15 @@ def batch(cr, k: int) -> tuple:
 
 
 def check(cr, runs: dict, options, res) -> None:
-    """Train every backend that ran for ``options.steps`` steps; ``res.trajectory``, folded into the verdict."""
-    from gradcheck.check.runner import short_error
-
-    try:
-        res.trajectory = run(cr, [b for b in options.backends if b in runs], options)  # in the order asked
-    except Exception as exc:  # gradcheck's own bug: this case's error, and the run goes on
-        res.errors["trajectory"] = ("internal error in the trajectory check (a bug in gradcheck; please report "
-                                    "it): " + short_error(exc))
-        res.verdict = "error"
-        return
+    """The check's entry point (``gradcheck.check.checks``): train every backend that ran for
+    ``options.steps`` steps; ``res.trajectory``, folded into the verdict."""
+    res.trajectory = run(cr, [b for b in options.backends if b in runs], options)  # in the order asked
     res.verdict = worst_verdict([res.verdict, res.trajectory.verdict])
 
 
 def run(cr, names: list[str], options) -> Trajectory:
-    from gradcheck.check.runner import short_error
-
+    """The trajectories of ``names`` (see the module doc); their verdict, and the message
+    ``reports.text.trajectory_message`` writes from the numbers."""
     opt_name, steps = options.optimizer, options.steps
     lr = options.lr if options.lr is not None else DEFAULT_LR[opt_name]
     traj = Trajectory(steps=steps, optimizer=opt_name, lr=lr)
@@ -168,6 +160,7 @@ def run(cr, names: list[str], options) -> Trajectory:
                 _judge(p, "param" if p in trainable else "buffer", {b: values[b][p] for b in alive}, options,
                        owners.get(p, ""), full=j == steps - 1) for p in trainable + buffers)
     diverged = None
+    parting: list[LeafResult] = []  # what disagrees at the step where the trajectories part
     for k in range(1, steps + 1):
         step = judged.get(k, [])
         traj.headroom.append(max((leaf.headroom for leaf in step), default=0.0))
@@ -178,15 +171,11 @@ def run(cr, names: list[str], options) -> Trajectory:
         off = [leaf for leaf in step if leaf.verdict != "agree" and leaf not in alike]
         if off and traj.parted is None:
             traj.parted = k
-            traj.blame = sorted({b for leaf in off for b in leaf.blame}, key=order)
-            traj.message = _parted_message(traj, off)
-    if diverged and traj.parted is None:
-        traj.message = (f"the training diverged alike on every backend: losses or parameters are not finite after "
-                        f"step {diverged} (a smaller --lr keeps them finite); what stayed finite agrees")
+            traj.blame = sorted({b for leaf in off for b in leaf.blame}, key=reference_rank)
+            parting = off
     traj.leaves = [leaf for leaf in judged.get(steps, []) if leaf.role != "output"]
     traj.verdict = worst_verdict([*(["error"] if traj.errors else []), *(["disagree"] if traj.parted else [])])
-    if not traj.message and traj.verdict == "error":
-        traj.message = "; ".join(f"{b} failed at {t.splitlines()[0]}" for b, t in traj.errors.items())
+    traj.message = trajectory_message(traj, parting, diverged)
     return traj
 
 
@@ -208,14 +197,14 @@ def _judge(path: str, role: str, arrays: dict, options, layer: str, full: bool =
             return LeafResult(path=path, role=role, layer=layer, dtype="float64", pairs=pairs)
     leaf = compare_leaf(path, "output", arrays, dtype="float64", rules=options.rules, layer=layer)
     leaf.role = role
-    verdict.decide(leaf, sorted(arrays, key=order), None)
+    verdict.decide(leaf, sorted(arrays, key=reference_rank), None)
     leaf.message = leaf.message.replace("the referee did not check this leaf", "a trajectory has no referee")
     return leaf
 
 
 def _pairs(path, arrays, options, layer):
     """Every pair's numbers as ``compare_leaf`` computes them, or None where it must look closer."""
-    names = sorted(arrays, key=order)
+    names = sorted(arrays, key=reference_rank)
     given = {n: np.asarray(arrays[n]) for n in names}
     if len({v.shape for v in given.values()}) > 1 or not all(np.isfinite(v).all() for v in given.values()):
         return None
@@ -224,20 +213,7 @@ def _pairs(path, arrays, options, layer):
     out = []
     for i, x in enumerate(names):
         for y in names[i + 1:]:
-            backend, reference = (y, x) if order(x) <= order(y) else (x, y)
+            backend, reference = (y, x) if reference_rank(x) <= reference_rank(y) else (x, y)
             tol = options.rules.resolve(path, "float64", layer, (backend, reference))
             out.append(pair_stats(given[backend], given[reference], tol, scale, backend, reference))
     return out
-
-
-def _parted_message(traj: Trajectory, off: list[LeafResult]) -> str:
-    from gradcheck.reports.text import loss_sentence
-
-    worst = max(off, key=lambda leaf: leaf.headroom)
-    pair = max(worst.pairs, key=lambda p: p.headroom, default=None)
-    detail = pair.message if pair is not None and pair.message else worst.message or worst.verdict
-    what = ", ".join(leaf.path for leaf in off[:3]) + (f" and {len(off) - 3} more" if len(off) > 3 else "")
-    who = (f"{', '.join(traj.blame)} {'leaves' if len(traj.blame) == 1 else 'leave'} the others (by majority)"
-           if traj.blame else "no majority says which backend is off")
-    return (f"the trajectories part after step {traj.parted}: {who} on {what} — {detail}; "
-            f"{loss_sentence(traj, traj.parted)}")

@@ -37,7 +37,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from gradcheck.check.compare import MISSING, order
+from gradcheck.backends import reference_rank
+from gradcheck.check.compare import MISSING
 from gradcheck.results import (
     FLOAT32_VERDICTS,
     Float32Result,
@@ -67,8 +68,8 @@ def decide(leaf: LeafResult, names: list[str], referee: list[RefereeCheck] | Non
         return leaf
     disagreeing = [p for p in leaf.pairs if p.verdict == "disagree"]
     stable = [r for r in leaf.referee if r.stable]
-    missed = sorted((r.backend for r in stable if not r.agrees), key=order)
-    held = sorted((r.backend for r in stable if r.agrees), key=order)
+    missed = sorted((r.backend for r in stable if not r.agrees), key=reference_rank)
+    held = sorted((r.backend for r in stable if r.agrees), key=reference_rank)
     if not disagreeing and not missed:
         leaf.verdict, leaf.blame, leaf.message = "agree", [], ""
         return leaf
@@ -159,7 +160,7 @@ def _odd_one_out(names, pairs) -> list[str]:
             if all(agree[a] >= (set(majority) - {a}) for a in majority):
                 rest = [n for n in names if n not in majority]
                 if all(not (agree[r] & set(majority)) for r in rest):
-                    return sorted(rest, key=order)
+                    return sorted(rest, key=reference_rank)
     return []
 
 
@@ -180,7 +181,7 @@ def nondeterminism(leaf: LeafResult, limit: float) -> None:
     """A backend whose two calls on the same inputs differ by more than ``limit`` (of the leaf's largest
     value) is at fault for that, not the others: the leaf is ``nondeterministic`` and blames it alone.
     Smaller spreads (an atomic add's reordering) stay recorded on the leaf."""
-    wild = sorted((b for b, d in leaf.nondeterministic.items() if d > limit), key=order)
+    wild = sorted((b for b, d in leaf.nondeterministic.items() if d > limit), key=reference_rank)
     if not wild or leaf.verdict in ("structural", "nonfinite"):
         return
     leaf.verdict, leaf.blame = "nondeterministic", wild
@@ -206,7 +207,7 @@ def float32_part(arrays32: dict, arrays64: dict, factor: float, floor: float) ->
     """Each backend's float32 result against its own float64 one, and who is imprecise (see the module doc)."""
     out = Float32Result()
     problems, broken, nonfinite = [], [], []
-    for name in sorted(arrays32, key=order):
+    for name in sorted(arrays32, key=reference_rank):
         a, b = arrays32[name], arrays64.get(name, MISSING)
         if a is MISSING or a is None:
             problems.append(f"{name} gives no float32 result")
@@ -239,7 +240,7 @@ def float32_part(arrays32: dict, arrays64: dict, factor: float, floor: float) ->
         out.verdict = "unmeasured"
         out.message = "no backend's float32 error could be measured (the float64 result is zero, missing or not finite)"
         return out
-    out.best = min(out.errors, key=lambda n: (out.errors[n], order(n)))
+    out.best = min(out.errors, key=lambda n: (out.errors[n], reference_rank(n)))
     best = out.errors[out.best]
     out.limit = factor * best + floor
     out.imprecise = [n for n, e in out.errors.items() if e > out.limit]

@@ -8,9 +8,10 @@ the float64 finite-difference referee).  Semantics and layouts follow PyTorch
 written once runs unchanged on every backend.
 
 A backend implements an op by defining a function of the same name in its
-ops module (see ``gradcheck/backends/*_ops.py``).  Before any backend runs
+ops module (``gradcheck/backends/<name>/ops.py``).  Before any backend runs
 an op, its argument rule (``gradcheck/ops/rules.py``) checks the
-arguments, so a mistake gets the same message on every backend.  Ops whose body here is not
+arguments, so a mistake gets the same message on every backend; how a call
+is dispatched, and how checks watch every call, is ``gradcheck/ops/dispatch.py``.  Ops whose body here is not
 ``...`` are *derived*: built from other ops, used by any backend that does not
 define its own version.  An op a backend lacks and that has no derived
 version raises ``BackendOpMissing`` naming the op and the backend.
@@ -22,74 +23,16 @@ layers may use operators freely.
 
 from __future__ import annotations
 
-import functools
 import math
 
 import numpy as np
 
 from gradcheck.backends import backend_of_args, ops_module
 from gradcheck.backends.numpy import kernels
-from gradcheck.check import cost, kinks
 from gradcheck.ops import rules as common
+from gradcheck.ops.dispatch import NAMES, BackendOpMissing, op  # noqa: F401 (BackendOpMissing: raised here, caught by callers)
 
-__all__: list[str] = []
-
-
-class BackendOpMissing(NotImplementedError):
-    """An op that a backend does not implement (and that has no derived version)."""
-
-
-def op(fn):
-    """Make ``fn`` a dispatching op; its body (if any) is the derived fallback."""
-    name = fn.__name__
-    derived = not _is_stub(fn)
-    check = common.RULES.get(name)
-
-    def run(*args, **kwargs):
-        if check is not None:
-            check(name, *args, **kwargs)
-        backend = backend_of_args(args + tuple(kwargs.values()) if kwargs else args)
-        impl = getattr(ops_module(backend), name, None)
-        if impl is not None:
-            out = impl(*args, **kwargs)
-            if cost._current is not None and backend == "numpy":  # counting a float64 forward's work
-                cost.note(name, args, out)
-            return out
-        if derived:
-            return fn(*args, **kwargs)
-        raise BackendOpMissing(
-            f"op '{name}' is not implemented by the {backend} backend; "
-            f"add `def {name}(...)` to gradcheck/backends/{backend}_ops.py "
-            f"or run this case without the {backend} backend"
-        )
-
-    kink = name in kinks.OPS
-
-    @functools.wraps(fn)
-    def dispatch(*args, **kwargs):
-        state = kinks._active
-        if state is None:
-            return run(*args, **kwargs)
-        # Recording or pinning kinks (gradcheck.check.kinks): only calls from layer code, not from inside an op.
-        if kink and state.depth == 0:
-            return kinks.call(state, name, run, args, kwargs)
-        state.depth += 1
-        try:
-            return run(*args, **kwargs)
-        finally:
-            state.depth -= 1
-
-    dispatch.derived = derived
-    __all__.append(name)
-    return dispatch
-
-
-def _is_stub(fn) -> bool:
-    code = fn.__code__
-    # A body of just a docstring and `...` compiles to "return None" with only
-    # the docstring (and Ellipsis) as constants.
-    consts = [c for c in code.co_consts if c is not None and c is not Ellipsis and c != fn.__doc__]
-    return not consts and not code.co_names
+__all__: list[str] = NAMES  # the ops defined below, each appended by ``op`` (the helpers are not listed)
 
 
 # ---------------------------------------------------------------- arrays
@@ -686,7 +629,7 @@ def adaptive_pool_matrix(size: int, out: int) -> np.ndarray:
 # ---- ops for torch.export graphs
 # Functions a torch model calls that Core ATen keeps whole and that gradcheck had no op for.  Each body is
 # the composition the tape and the numpy referee run; torch runs its own kernel and jax its own where jax
-# has one that computes the same thing (backends/*_ops.py, at the end).
+# has one that computes the same thing (backends/<name>/ops.py, at the end).
 @op
 def hardsigmoid(x):
     """``torch.nn.functional.hardsigmoid``: ``relu6(x + 3) / 6``; slope 1/6 inside (-3, 3), 0 outside.

@@ -23,12 +23,11 @@ from __future__ import annotations
 
 import dataclasses
 import string
-import sys
 from collections.abc import Callable
 
 import numpy as np
 
-from gradcheck.backends import backend_of
+from gradcheck.backends import backend_of, concrete
 from gradcheck.backends.numpy import kernels
 from gradcheck.backends.numpy.kernels import (
     broadcasts_into,  # the numpy kernels' own rule, for folding a weight
@@ -63,19 +62,6 @@ def dtype_of(x) -> np.dtype:
     if isinstance(dt, np.dtype):
         return dt
     return np.dtype(str(dt).replace("torch.", ""))
-
-
-def concrete(x) -> np.ndarray | None:
-    """``x``'s values as numpy, or None while they are not known (a jax tracer inside a transformation)."""
-    jax = sys.modules.get("jax")
-    if jax is not None and isinstance(x, jax.core.Tracer):
-        return None
-    backend = backend_of(x)
-    if backend == "torch":
-        return x.detach().cpu().numpy()
-    if backend == "tape":
-        return x.value
-    return np.asarray(x)
 
 
 def _float(op: str, name: str, x) -> None:
@@ -530,7 +516,12 @@ def _nchw(op: str, shape) -> None:
 
 
 def pool_geometry(op: str, x_shape, kernel_size, stride=None, padding=0) -> kernels.ConvGeometry:
-    """The window geometry of a 2-d pool on NCHW, validated with torch's rules and ``op``'s name."""
+    """The window geometry of a 2-d pool on NCHW, validated with torch's rules and ``op``'s name.
+
+    The windows are those of a depthwise convolution (one 1-channel kernel per
+    channel), so the geometry is a ``kernels.ConvGeometry``; every backend and
+    the kink pinning take it from here.
+    """
     x_shape = tuple(x_shape)
     _nchw(op, x_shape)
     k = kernels.pair(kernel_size, 2, "kernel_size")
@@ -544,7 +535,8 @@ def pool_geometry(op: str, x_shape, kernel_size, stride=None, padding=0) -> kern
         raise ValueError(
             f"{op}: input {x_shape} is smaller than the kernel {k} (padding {p}); the output would be empty"
         )
-    return kernels.pool_geometry(x_shape, k, s, p)
+    c = x_shape[1]
+    return kernels.geometry(x_shape, (c, 1, *k), s, p, 1, c)
 
 
 @rule("max_pool2d", "avg_pool2d")

@@ -286,18 +286,8 @@ def conv2d_input_grad(gy: np.ndarray, w: np.ndarray, g: ConvGeometry) -> np.ndar
 
 
 # ---------------------------------------------------------------- pooling
-def pool_geometry(x_shape, kernel_size, stride, padding, dilation=1) -> ConvGeometry:
-    if len(x_shape) != 4:
-        raise ValueError(f"pool2d: input of shape {tuple(x_shape)}; expected 4 dims, NCHW")
-    n, c, h, w = x_shape
-    kh, kw = pair(kernel_size, 2, "kernel_size")
-    stride = pair(stride if stride is not None else (kh, kw), 2, "stride")
-    ph, pw = pair(padding, 2, "padding")
-    if ph > kh // 2 or pw > kw // 2:
-        raise ValueError(
-            f"pool: padding {(ph, pw)} must be at most half the kernel {(kh, kw)} (torch's rule)"
-        )
-    return geometry((n, c, h, w), (c, 1, kh, kw), stride, (ph, pw), dilation, c)
+# A pool's windows are a depthwise convolution's: its geometry, validated, is
+# gradcheck.ops.rules.pool_geometry (the one place the backends take it from).
 
 
 def _taps(x: np.ndarray, g: ConvGeometry, value) -> list[np.ndarray]:

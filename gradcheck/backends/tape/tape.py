@@ -9,7 +9,7 @@ VJPs are written against ``gradcheck.ops``.  In an ordinary backward pass they
 receive plain numpy values, so they run as numpy; with ``create_graph=True``
 they receive the tensors themselves and are recorded in turn, which is how
 gradients of gradients work.  The primitives and their VJPs live in
-``gradcheck/backends/tape_ops.py``, one row per primitive.
+``gradcheck/backends/tape/ops.py``, one row per primitive.
 """
 
 from __future__ import annotations
@@ -141,7 +141,7 @@ class Primitive:
                 raise NotImplementedError(
                     f"tape op '{self.name}' has no gradient with respect to argument {i}; "
                     "pass a constant there (wrap it in gradcheck.ops.stop_gradient) or add its VJP "
-                    "in gradcheck/backends/tape_ops.py"
+                    "in gradcheck/backends/tape/ops.py"
                 )
         return Tensor(value, requires_grad=np.asarray(value).dtype.kind == "f", node=(self, args, kwargs, parents))
 

@@ -357,8 +357,14 @@ def _lift_constants(module) -> dict:
     return constants
 
 
-def read_graph(ep, wrapper: _Forward, n_inputs: int, training: bool, references: dict | None = None,
-               decompose: str = "fused") -> Graph:
+def read_graph(ep, wrapper: _Forward, n_inputs: int, training: bool, lowerings: dict | None = None) -> Graph:
+    """The graph of ``ep`` as gradcheck runs it: its bindings, outputs, nodes, draws and problems.
+
+    ``lowerings`` are lowerings of custom ops by the graph's op name (each
+    ``lowered(ctx, *args, **kwargs)``, as ``references.lowerings`` makes them
+    from a ``from_torch(references=...)``); the graph keeps those of the ops
+    it calls, and only the ops that no lowering covers are its problems.
+    """
     from torch.export.graph_signature import InputKind, OutputKind
 
     canonical_params = {id(p): strip(n) for n, p in wrapper.named_parameters()}
@@ -405,11 +411,9 @@ def read_graph(ep, wrapper: _Forward, n_inputs: int, training: bool, references:
                                       and not n.users)]  # a value traced at the example, kept as a constant
     graph = Graph(training=training, program=ep, nodes=nodes, inputs=inputs, outputs=outputs, user_outputs=n_user,
                   draws=draws, refused=ep.refused if isinstance(ep, _Traced) else "")
-    if references:
-        from gradcheck.frontends.torch import references as refs
-
-        refs.attach(graph, references, decompose)
     for node in nodes:
+        if lowerings and node.op == "call_function" and op_name(node) in lowerings:
+            graph.lowerings.setdefault(op_name(node), lowerings[op_name(node)])
         why = None if op_name(node) in graph.lowerings else unsupported(node)
         if why:
             graph.problems[node.name] = why

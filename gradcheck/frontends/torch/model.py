@@ -24,18 +24,20 @@ dropout takes a given one.
 from __future__ import annotations
 
 import contextlib
-import functools
 import math
-from dataclasses import dataclass
 
 import numpy as np
 
 from gradcheck import module as gmodule
-from gradcheck import ops
-from gradcheck.backends import backend_of
-from gradcheck.check import conditioning
+from gradcheck.check import conditioning, cost, kinks
 from gradcheck.check.tolerance import ToleranceRules
-from gradcheck.frontends.torch import capture, interpreter, randomness
+from gradcheck.frontends.torch import capture, interpreter, references, units
+from gradcheck.frontends.torch.eager import (
+    TorchFacts,
+    backend_of_values,
+    call_torch,
+    float_dtype_of,
+)
 from gradcheck.frontends.torch.facts import CaseFacts
 from gradcheck.module import Module, buffer, child, param, static
 from gradcheck.tree import join, leaves_with_paths, owner_of
@@ -60,8 +62,6 @@ class TorchModule(Module):
 
     def record_calls(self, cr) -> list:
         """Each submodule call as a replay unit, recorded at the case point (``gradcheck.check.localise``)."""
-        from gradcheck.frontends.torch import units
-
         return units.record(self._program, cr)
 
 
@@ -126,8 +126,8 @@ class Program:
 
             t0 = time.perf_counter()
             ep = capture.export(self.wrapper, self.example_inputs, training, self.decompose, self.name)
-            graph = capture.read_graph(ep, self.wrapper, len(self.example_inputs), training, self.references,
-                                       self.decompose)
+            graph = capture.read_graph(ep, self.wrapper, len(self.example_inputs), training,
+                                       references.lowerings(self.references, training, self.decompose))
             graph.export_s = time.perf_counter() - t0
             names, floats = capture.example_outputs(self.wrapper, self.example_inputs, training)
             if len(names) != graph.user_outputs:
@@ -191,7 +191,7 @@ class Program:
     # -- calls ------------------------------------------------------------------
     def call(self, root: TorchModule, inputs: tuple):
         values = {leaf.path: leaf.value for leaf in leaves_with_paths(root)}
-        backend = _backend(list(values.values()) + list(inputs))
+        backend = backend_of_values(list(values.values()) + list(inputs))
         training = bool(root.training)
         graph = self.graph(training)
         if backend == "torch":
@@ -225,7 +225,7 @@ class Program:
         return CaseFacts(root._dropout_seed, graph)
 
     def _call_graph(self, root, graph, values, inputs) -> list:
-        floats = _float_dtype(list(values.values()) + list(inputs))
+        floats = float_dtype_of(list(values.values()) + list(inputs))
         layer_of = _layers(root) if gmodule._calls is not None else None
         outs = interpreter.run(graph, self._placeholders(graph, values, inputs, floats), floats,
                                self._mask(root, graph), layer_of, self._watch)
@@ -240,9 +240,7 @@ class Program:
 
     def _verify(self, root, graph, values, inputs) -> None:
         """Check each lowering against torch's op once, in float64, outside the caller's counting and kinks."""
-        from gradcheck.check import cost, kinks
-
-        floats = _float_dtype(list(values.values()) + list(inputs))
+        floats = float_dtype_of(list(values.values()) + list(inputs))
         if floats != np.float64:
             return  # only a float64 run can tell a wrong lowering from rounding
         with cost.counting(), kinks.suspended():
@@ -314,7 +312,7 @@ class Program:
 
         state = {join(capture.ROOT, path): v for path, v in values.items()}
         graph = self.graph(training)
-        facts = _TorchFacts(root._dropout_seed, graph.draws.expected)
+        facts = TorchFacts(root._dropout_seed, graph.draws.expected)
         out = call_torch(self.wrapper, state, tuple(inputs), {}, training, facts)
         return pytree.tree_leaves(out)
 
@@ -331,58 +329,6 @@ class Program:
                 owner, field = owner_of(root, leaf.path)
                 setattr(owner, field, tvalues[leaf.path].cpu().numpy())
         return [v.detach().cpu().numpy() if isinstance(v, torch.Tensor) else v for v in leaves]
-
-
-@dataclass
-class _TorchFacts:
-    """The random draws a torch call makes (dropout's among them), as numbers of the whole graph's."""
-
-    seed: int
-    draws: list  # (op, kind, shape) of each draw it makes, in order
-    draw_indices: list | None = None  # their numbers in the whole graph (None: 0, 1, 2 ...)
-    recorded: dict | None = None  # when given: "random_values" handed out, in order
-
-
-def call_torch(module, state: dict, args: tuple, kwargs: dict, training: bool, facts: _TorchFacts):
-    """``module(*args, **kwargs)`` under torch with ``state`` bound (``functional_call``), as the case runs it.
-
-    In ``training`` mode (restored after), with the case's dropout masks and
-    random draws (``facts``, dropout's among them).  A module's own float constants
-    (``torch.zeros(...)``, ``torch.tensor(0.5)`` in its forward) take the
-    default dtype, and its casts name a float dtype (T5's and Llama's RMSNorm
-    compute in ``.to(torch.float32)``): in a float64 run both are float64, as
-    in the graph, whose float dtypes are the run's.
-    """
-    import torch
-
-    # The inputs are the drivers' leaves: an in-place op of the module on an input must not touch them.
-    clones: dict[int, object] = {}
-
-    def clone(x):
-        if isinstance(x, torch.Tensor) and x.requires_grad:
-            return clones.setdefault(id(x), x.clone())
-        return x
-
-    args = tuple(clone(x) for x in args)
-    kwargs = {k: clone(v) for k, v in kwargs.items()}
-    was = [m.training for m in module.modules()]
-    module.train(training)
-    default = torch.get_default_dtype()
-    floats = {v.dtype for v in list(state.values()) + list(args) + list(kwargs.values())
-              if isinstance(v, torch.Tensor) and v.is_floating_point()}
-    run_dtype = torch.float64 if floats == {torch.float64} else None
-    try:
-        if run_dtype is not None:
-            torch.set_default_dtype(run_dtype)
-        with TorchFunctions(run_dtype), \
-                randomness.CaseRandom(facts.seed, facts.draws, facts.draw_indices, facts.recorded) as draws:
-            out = torch.func.functional_call(module, state, args, kwargs, tie_weights=True, strict=False)
-        draws.finish()
-    finally:
-        torch.set_default_dtype(default)
-        for m, flag in zip(module.modules(), was):
-            m.training = flag
-    return out
 
 
 def _beyond(want: np.ndarray, got: np.ndarray, tol) -> str:
@@ -410,21 +356,6 @@ def _numpy(t) -> np.ndarray:
     return t.detach().cpu().numpy().copy()
 
 
-def _backend(values) -> str:
-    for v in values:
-        b = backend_of(v)
-        if b not in (None, "numpy"):
-            return b
-    return "numpy"
-
-
-def _float_dtype(values) -> np.dtype:
-    for v in values:
-        if hasattr(v, "dtype") and np.dtype(ops.dtype_of(v)).kind == "f":
-            return np.dtype(ops.dtype_of(v))
-    return np.dtype(np.float32)
-
-
 def _layers(root):
     """node -> the gradcheck submodule it was traced in, for kink reports (only while someone listens)."""
     by_path = {"": root}
@@ -438,102 +369,3 @@ def _layers(root):
 
     walk(root, "")
     return lambda fx_node: by_path.get(capture.module_of(fx_node)[0])
-
-
-class TorchFunctions:
-    """On torch, the function-level part of the case's run: the run's float dtype, and the pinned kinks.
-
-    A ``TorchFunctionMode``.  In a float64 run, every float dtype a call
-    names (``.float()``, ``.to(torch.float32)``, ``dtype=torch.float32``)
-    becomes float64, as in the graph, whose float dtypes are the run's.
-
-    While a float32 run is pinned to the float64 reference's kinks
-    (``gradcheck.check.kinks``), relu and max pooling go through ``gradcheck.ops``
-    too, which runs torch's own kernel and takes the reference's branch only
-    where torch's differs; unpinned, torch would land on the other side of
-    ResNet-18's near-zero relu inputs and its float32 error would measure
-    that, not rounding.  The reference recorded the graph's kink ops in
-    graph order; a module whose other kink ops (clamp, maximum) are not
-    intercepted here misaligns the sequence, which the pin detects
-    (``KinkMismatch``), and the run is repeated unpinned with a note.
-
-    (The random draws, dropout's included, are the dispatch level's:
-    ``randomness.CaseRandom``.)
-    """
-
-    def __init__(self, run_dtype=None):
-        from torch.overrides import TorchFunctionMode
-
-        outer = self
-
-        class _Mode(TorchFunctionMode):
-            def __torch_function__(self, func, types, args=(), kwargs=None):
-                return outer._handle(func, args, kwargs or {})
-
-        from gradcheck.check import kinks
-
-        state = kinks.active()
-        self.pinning = state is not None and state.mode == "pin"
-        self._mode = _Mode()
-        self.run_dtype = run_dtype  # every float dtype a call names becomes this one (None: as the module says)
-
-    def __enter__(self):
-        self._mode.__enter__()
-        return self
-
-    def __exit__(self, *exc):
-        return self._mode.__exit__(*exc)
-
-    def _handle(self, func, args, kwargs):
-        import torch.nn.functional as F
-
-        if self.run_dtype is not None:
-            if func in _float_casts():
-                return args[0].to(self.run_dtype)
-            args, kwargs = _run_dtype(args, self.run_dtype), {k: _run_dtype(v, self.run_dtype) for k, v in kwargs.items()}
-        if self.pinning and any(func is f for f in _relus()):
-            return ops.relu(args[0] if args else kwargs["input"])
-        if self.pinning and func is F.max_pool2d:
-            names = ("input", "kernel_size", "stride", "padding", "dilation", "ceil_mode", "return_indices")
-            bound = _bind(names, (None, None, None, 0, 1, False, False), args, kwargs)
-            if bound["dilation"] in (1, (1, 1), [1, 1]) and not bound["return_indices"]:
-                from gradcheck.frontends.torch.aten import max_pool2d_ceil
-
-                return max_pool2d_ceil(bound["input"], bound["kernel_size"], bound["stride"] or bound["kernel_size"],
-                                       bound["padding"], bool(bound["ceil_mode"]))
-        return func(*args, **kwargs)
-
-
-@functools.cache
-def _float_casts() -> tuple:
-    """The tensor methods that cast to one fixed float dtype."""
-    import torch
-
-    return (torch.Tensor.float, torch.Tensor.half, torch.Tensor.bfloat16, torch.Tensor.double)
-
-
-def _run_dtype(value, run_dtype):
-    """``value`` with every float torch dtype in it (nested in tuples and lists too) replaced by ``run_dtype``."""
-    import torch
-
-    if isinstance(value, torch.dtype):
-        return run_dtype if value.is_floating_point else value
-    if type(value) in (tuple, list):  # plain ones only: a named tuple or torch.Size holds no dtype to replace
-        return type(value)(_run_dtype(v, run_dtype) for v in value)
-    return value
-
-
-@functools.cache
-def _relus() -> tuple:
-    """The relu entry points a torch module calls, as the function mode sees them."""
-    import torch
-    import torch.nn.functional as F
-
-    return (F.relu, torch.relu, torch.relu_, torch.Tensor.relu, torch.Tensor.relu_)
-
-
-def _bind(names, defaults, args, kwargs) -> dict:
-    bound = dict(zip(names, defaults))
-    bound.update(zip(names, args))
-    bound.update(kwargs)
-    return bound

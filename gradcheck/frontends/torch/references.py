@@ -169,11 +169,6 @@ def _example(val):
     return torch.zeros(tuple(val.shape), dtype=val.dtype)
 
 
-def attach(graph, references: dict[str, Callable], decompose: str) -> None:
-    """Give ``graph`` a lowering for each of its custom ops that ``references`` covers."""
-    for node in graph.nodes:
-        if node.op == "call_function" and str(node.target) in references:
-            key = str(node.target)
-            if key not in graph.lowerings:
-                graph.lowerings[key] = Reference(key, references[key], graph.training, decompose)
-
+def lowerings(references: dict[str, Callable], training: bool, decompose: str) -> dict[str, Reference]:
+    """One lowering per custom op that ``references`` covers, for the graph of one mode (``capture.read_graph``)."""
+    return {key: Reference(key, fn, training, decompose) for key, fn in references.items()}

@@ -40,6 +40,13 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from gradcheck.frontends.torch import capture, interpreter, randomness
+from gradcheck.frontends.torch.eager import (
+    TorchFacts,
+    backend_of_values,
+    call_torch,
+    float_dtype_of,
+)
+from gradcheck.frontends.torch.facts import CaseFacts
 from gradcheck.tree import leaves_with_paths, owner_of
 
 # How far a torch argument may sit from the graph value it is matched to, relative to the value's scale:
@@ -242,10 +249,8 @@ class UnitCall:
         return isinstance(other, UnitCall) and (other is self or other.signature() == self.signature())
 
     def __call__(self, sub, inputs):
-        from gradcheck.frontends.torch.model import _backend
-
         values = [leaf.value for leaf in leaves_with_paths(sub)] + list(inputs)
-        if _backend(values) == "torch":
+        if backend_of_values(values) == "torch":
             return self._torch(sub, inputs)
         return self._graph(sub, inputs)
 
@@ -253,8 +258,6 @@ class UnitCall:
     def _torch(self, sub, inputs):
         import torch
         from torch.utils import _pytree as pytree
-
-        from gradcheck.frontends.torch.model import _TorchFacts, call_torch
 
         module = self.program.wrapper.module
         if self.unit.path:
@@ -267,17 +270,15 @@ class UnitCall:
         args, kwargs = pytree.tree_unflatten(flat, self.spec)
         graph = self.graph
         draws = [graph.draws.index[n.name] for n in self.unit.nodes if n.name in graph.draws.index]
-        facts = _TorchFacts(self.seed, [graph.draws.expected[k] for k in draws], draws)
+        facts = TorchFacts(self.seed, [graph.draws.expected[k] for k in draws], draws)
         out = call_torch(module, state, tuple(args), dict(kwargs), self.training, facts)
         leaves = [t for t in pytree.tree_leaves(out)]
         return tuple(leaves[i] for i in self.picks)
 
     # -- the tape, jax, numpy: the unit's nodes
     def _graph(self, sub, inputs):
-        from gradcheck.frontends.torch.model import CaseFacts, _float_dtype
-
         values = {leaf.path: leaf.value for leaf in leaves_with_paths(sub)}
-        floats = _float_dtype(list(values.values()) + list(inputs))
+        floats = float_dtype_of(list(values.values()) + list(inputs))
         prefix = self.unit.path + "." if self.unit.path else ""
         env: dict = {}
         for node in self.unit.inputs:
@@ -310,8 +311,6 @@ class UnitCall:
 
         import torch
 
-        from gradcheck.frontends.torch.model import _TorchFacts, call_torch
-
         module = self.program.wrapper.module
         if self.unit.path:
             module = module.get_submodule(self.unit.path)
@@ -323,7 +322,7 @@ class UnitCall:
         graph = self.graph
         draws = [graph.draws.index[n.name] for n in self.unit.nodes if n.name in graph.draws.index]
         recorded: dict = {}
-        facts = _TorchFacts(self.seed, [graph.draws.expected[k] for k in draws], draws, recorded)
+        facts = TorchFacts(self.seed, [graph.draws.expected[k] for k in draws], draws, recorded)
         flat = [inputs[v] if kind == "input" else v for kind, v in slots]
         from torch.utils import _pytree as pytree
 
@@ -426,8 +425,6 @@ def _torch_calls(program, root64, inputs64, training):
     import torch
     from torch.utils import _pytree as pytree
 
-    from gradcheck.frontends.torch.model import _TorchFacts, call_torch
-
     user = program.wrapper.module
     paths = {id(m): name for name, m in user.named_modules()}
     counts: dict[str, int] = {}
@@ -462,7 +459,7 @@ def _torch_calls(program, root64, inputs64, training):
     try:
         with torch.no_grad():
             call_torch(program.wrapper, state, tinputs, {}, training,
-                       _TorchFacts(root64._dropout_seed, graph.draws.expected))
+                       TorchFacts(root64._dropout_seed, graph.draws.expected))
     finally:
         for h in handles:
             h.remove()

@@ -1,0 +1,190 @@
+"""The user's torch module run by torch itself, as the case runs it, and where a call's values say it runs.
+
+``call_torch`` is the torch backend's forward of a ``from_torch`` case, of
+the whole module (``model.Program``) and of one submodule call replayed
+alone (``units.UnitCall``): ``functional_call`` with the case's leaves
+bound, in the case's mode, with the case's random draws (``TorchFacts``)
+and, through a torch function mode (``TorchFunctions``), every float dtype
+the module names made float64 in a float64 run and relu and max pooling
+pinned to the float64 reference's kinks in a pinned float32 run.  ``backend_of_values`` and ``float_dtype_of`` read,
+from a call's leaves and inputs, which backend runs it and in which float
+dtype.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import numpy as np
+
+from gradcheck import ops
+from gradcheck.backends import backend_of
+from gradcheck.check import kinks
+from gradcheck.frontends.torch import randomness
+
+
+@dataclass
+class TorchFacts:
+    """The random draws a torch call makes (dropout's among them), as numbers of the whole graph's."""
+
+    seed: int
+    draws: list  # (op, kind, shape) of each draw it makes, in order
+    draw_indices: list | None = None  # their numbers in the whole graph (None: 0, 1, 2 ...)
+    recorded: dict | None = None  # when given: "random_values" handed out, in order
+
+
+def call_torch(module, state: dict, args: tuple, kwargs: dict, training: bool, facts: TorchFacts):
+    """``module(*args, **kwargs)`` under torch with ``state`` bound (``functional_call``), as the case runs it.
+
+    In ``training`` mode (restored after), with the case's dropout masks and
+    random draws (``facts``, dropout's among them).  A module's own float constants
+    (``torch.zeros(...)``, ``torch.tensor(0.5)`` in its forward) take the
+    default dtype, and its casts name a float dtype (T5's and Llama's RMSNorm
+    compute in ``.to(torch.float32)``): in a float64 run both are float64, as
+    in the graph, whose float dtypes are the run's.
+    """
+    import torch
+
+    # The inputs are the drivers' leaves: an in-place op of the module on an input must not touch them.
+    clones: dict[int, object] = {}
+
+    def clone(x):
+        if isinstance(x, torch.Tensor) and x.requires_grad:
+            return clones.setdefault(id(x), x.clone())
+        return x
+
+    args = tuple(clone(x) for x in args)
+    kwargs = {k: clone(v) for k, v in kwargs.items()}
+    was = [m.training for m in module.modules()]
+    module.train(training)
+    default = torch.get_default_dtype()
+    floats = {v.dtype for v in list(state.values()) + list(args) + list(kwargs.values())
+              if isinstance(v, torch.Tensor) and v.is_floating_point()}
+    run_dtype = torch.float64 if floats == {torch.float64} else None
+    try:
+        if run_dtype is not None:
+            torch.set_default_dtype(run_dtype)
+        with TorchFunctions(run_dtype), \
+                randomness.CaseRandom(facts.seed, facts.draws, facts.draw_indices, facts.recorded) as draws:
+            out = torch.func.functional_call(module, state, args, kwargs, tie_weights=True, strict=False)
+        draws.finish()
+    finally:
+        torch.set_default_dtype(default)
+        for m, flag in zip(module.modules(), was):
+            m.training = flag
+    return out
+
+
+def backend_of_values(values) -> str:
+    """The backend a call on ``values`` runs on: the first array's that is not numpy's (numpy if none)."""
+    for v in values:
+        b = backend_of(v)
+        if b not in (None, "numpy"):
+            return b
+    return "numpy"
+
+
+def float_dtype_of(values) -> np.dtype:
+    """The float dtype a call on ``values`` computes in: the first float array's (float32 if none)."""
+    for v in values:
+        if hasattr(v, "dtype") and np.dtype(ops.dtype_of(v)).kind == "f":
+            return np.dtype(ops.dtype_of(v))
+    return np.dtype(np.float32)
+
+
+class TorchFunctions:
+    """On torch, the function-level part of the case's run: the run's float dtype, and the pinned kinks.
+
+    A ``TorchFunctionMode``.  In a float64 run, every float dtype a call
+    names (``.float()``, ``.to(torch.float32)``, ``dtype=torch.float32``)
+    becomes float64, as in the graph, whose float dtypes are the run's.
+
+    While a float32 run is pinned to the float64 reference's kinks
+    (``gradcheck.check.kinks``), relu and max pooling go through ``gradcheck.ops``
+    too, which runs torch's own kernel and takes the reference's branch only
+    where torch's differs; unpinned, torch would land on the other side of
+    ResNet-18's near-zero relu inputs and its float32 error would measure
+    that, not rounding.  The reference recorded the graph's kink ops in
+    graph order; a module whose other kink ops (clamp, maximum) are not
+    intercepted here misaligns the sequence, which the pin detects
+    (``KinkMismatch``), and the run is repeated unpinned with a note.
+
+    (The random draws, dropout's included, are the dispatch level's:
+    ``randomness.CaseRandom``.)
+    """
+
+    def __init__(self, run_dtype=None):
+        from torch.overrides import TorchFunctionMode
+
+        outer = self
+
+        class _Mode(TorchFunctionMode):
+            def __torch_function__(self, func, types, args=(), kwargs=None):
+                return outer._handle(func, args, kwargs or {})
+
+        state = kinks.active()
+        self.pinning = state is not None and state.mode == "pin"
+        self._mode = _Mode()
+        self.run_dtype = run_dtype  # every float dtype a call names becomes this one (None: as the module says)
+
+    def __enter__(self):
+        self._mode.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        return self._mode.__exit__(*exc)
+
+    def _handle(self, func, args, kwargs):
+        import torch.nn.functional as F
+
+        if self.run_dtype is not None:
+            if func in _float_casts():
+                return args[0].to(self.run_dtype)
+            args, kwargs = _run_dtype(args, self.run_dtype), {k: _run_dtype(v, self.run_dtype) for k, v in kwargs.items()}
+        if self.pinning and any(func is f for f in _relus()):
+            return ops.relu(args[0] if args else kwargs["input"])
+        if self.pinning and func is F.max_pool2d:
+            names = ("input", "kernel_size", "stride", "padding", "dilation", "ceil_mode", "return_indices")
+            bound = _bind(names, (None, None, None, 0, 1, False, False), args, kwargs)
+            if bound["dilation"] in (1, (1, 1), [1, 1]) and not bound["return_indices"]:
+                from gradcheck.frontends.torch.aten import max_pool2d_ceil
+
+                return max_pool2d_ceil(bound["input"], bound["kernel_size"], bound["stride"] or bound["kernel_size"],
+                                       bound["padding"], bool(bound["ceil_mode"]))
+        return func(*args, **kwargs)
+
+
+@functools.cache
+def _float_casts() -> tuple:
+    """The tensor methods that cast to one fixed float dtype."""
+    import torch
+
+    return (torch.Tensor.float, torch.Tensor.half, torch.Tensor.bfloat16, torch.Tensor.double)
+
+
+def _run_dtype(value, run_dtype):
+    """``value`` with every float torch dtype in it (nested in tuples and lists too) replaced by ``run_dtype``."""
+    import torch
+
+    if isinstance(value, torch.dtype):
+        return run_dtype if value.is_floating_point else value
+    if type(value) in (tuple, list):  # plain ones only: a named tuple or torch.Size holds no dtype to replace
+        return type(value)(_run_dtype(v, run_dtype) for v in value)
+    return value
+
+
+@functools.cache
+def _relus() -> tuple:
+    """The relu entry points a torch module calls, as the function mode sees them."""
+    import torch
+    import torch.nn.functional as F
+
+    return (F.relu, torch.relu, torch.relu_, torch.Tensor.relu, torch.Tensor.relu_)
+
+
+def _bind(names, defaults, args, kwargs) -> dict:
+    bound = dict(zip(names, defaults))
+    bound.update(zip(names, args))
+    bound.update(kwargs)
+    return bound

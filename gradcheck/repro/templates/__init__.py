@@ -1,0 +1,9 @@
+"""The reproducer scripts ``gradcheck.repro`` writes, as real Python files (read as package resources).
+
+``repro_torch.py``, ``repro_jax.py`` and ``repro_tape.py`` are written into a
+reproducer folder as they are, with one substitution: each one's line
+``from _common import Reproducer`` is replaced by the text of ``_common.py``
+(from its ``# -- written into each script from here`` line on), the part the
+three share, so that every script stands alone beside its data.  Nothing
+here is imported by gradcheck itself.
+"""
