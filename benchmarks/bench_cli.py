@@ -40,7 +40,7 @@ def main(argv=None):
     env = _common.thread_env(THREADS)
     out = {"figure": 2, "threads": THREADS, "machine": _common.machine(), "harness": [], "bare": []}
     with tempfile.TemporaryDirectory() as tmp:
-        harness_cmd = _common.gradcheck_cli() + ["run", args.model, "--output", tmp, "-q"]
+        harness_cmd = _common.gradcheck_cli() + ["run", args.model, "--output", tmp, "-q", "--no-cache"]  # cold, as the bare script
         bare_cmd = [sys.executable, os.path.join(HERE, "bare_resnet18.py"), "--json", os.path.join(tmp, "bare.json")]
         out["harness_command"] = "gradcheck run " + args.model
         out["bare_command"] = "python benchmarks/bare_resnet18.py"

@@ -14,11 +14,15 @@ __version__ = "0.1.0"
 
 
 def __getattr__(name):
-    # from_torch on first use: importing gradcheck must not import torch.
+    # from_torch and from_jax on first use: importing gradcheck must not import torch or jax.
     if name == "from_torch":
         from gradcheck.frontends.torch import from_torch
 
         return from_torch
+    if name == "from_jax":
+        from gradcheck.frontends.jax import from_jax
+
+        return from_jax
     raise AttributeError(f"module 'gradcheck' has no attribute {name!r}")
 
 
@@ -27,6 +31,7 @@ __all__ = [
     "assert_gradients_agree",
     "buffer",
     "child",
+    "from_jax",
     "from_torch",
     "gradient",
     "ops",

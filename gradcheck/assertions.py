@@ -88,7 +88,7 @@ def reset_context(token) -> None:
 # ---------------------------------------------------------------- the check
 def check_gradients(model, *inputs, forward=None, loss=None, backends=None, rtol=None, atol=None, dtype=None,
                     seed=None, mode=None, referee=None, imprecise=None, unavailable=None, name=None, order=None,
-                    steps=None, optimizer=None, lr=None):
+                    steps=None, optimizer=None, lr=None, **model_kwargs):
     """Cross-check the gradients of ``model`` at ``inputs``; returns the CaseResult without raising.
 
     See :func:`assert_gradients_agree` for the arguments.  Raises
@@ -98,19 +98,28 @@ def check_gradients(model, *inputs, forward=None, loss=None, backends=None, rtol
     __tracebackhide__ = True
     from gradcheck.case import Case
     from gradcheck.check.runner import run_case
+    from gradcheck.frontends import jax as jax_frontend
     from gradcheck.frontends import torch as export
     from gradcheck.module import Module
 
     torch_module = export.is_torch_module(model)
-    if not torch_module and not isinstance(model, Module):
+    jax_model = not torch_module and jax_frontend.is_jax_target(model)
+    if not torch_module and not jax_model and not isinstance(model, Module):
         raise TypeError(
             f"assert_gradients_agree: model is a {type(model).__name__}; pass a torch.nn.Module or a gradcheck "
-            "Module (a layer from gradcheck.layers or your own Module subclass)"
+            "Module (a layer from gradcheck.layers or your own Module subclass), or a jax model (a flax or equinox "
+            "module, or a function fn(params, *inputs))"
         )
+    if model_kwargs and not jax_model:
+        raise TypeError(f"assert_gradients_agree: unexpected keyword(s) {', '.join(sorted(model_kwargs))}; only a jax "
+                        "model's call takes keywords of its own (from_jax's state=, call=, linen's apply keywords)")
+    if jax_model and (forward is not None or loss is not None):
+        raise TypeError("assert_gradients_agree: a jax model is checked as its framework calls it; pass forward= "
+                        "as equinox's call=, or check a function of your own, from_jax(fn, params, *inputs)")
     if forward is not None and loss is not None:
         raise TypeError("assert_gradients_agree: pass forward= or loss= (the same thing), not both")
     forward = forward if forward is not None else loss
-    if not inputs:
+    if not inputs and not jax_model:
         raise TypeError("assert_gradients_agree: no inputs; call it as assert_gradients_agree(model, x, ...)")
     ctx = current_context()
     call = from_values(dict(backends=backends, rtol=rtol, atol=atol, dtype=dtype, seed=seed, mode=mode,
@@ -120,9 +129,16 @@ def check_gradients(model, *inputs, forward=None, loss=None, backends=None, rtol
     settings = call.over(ctx.settings) if ctx else call
     _require_comparison(settings)
 
+    seed = settings.seed if settings.seed is not None else 0
+    if jax_model:  # checked as it is: jax differentiates the user's function, the tape and torch its jaxpr
+        case = jax_frontend.from_jax(model, *inputs, name=ctx.next_name(name) if ctx else name, seed=seed,
+                                     dtype=settings.dtype, **model_kwargs)
+        result = run_case(case, _options(settings, ctx))
+        if ctx and ctx.record:
+            ctx.record(result)
+        return result
     case_mode = settings.mode if settings.mode is not None else ("train" if model.training else "eval")
     case_name = ctx.next_name(name) if ctx else (name or type(model).__name__)
-    seed = settings.seed if settings.seed is not None else 0
     if torch_module:  # checked as it is: torch runs the module, the tape and jax its torch.export graph
         case = export.from_torch(model, *inputs, forward=forward, name=case_name, mode=case_mode, seed=seed,
                                  dtype=settings.dtype)
@@ -177,12 +193,16 @@ def _options(settings: Settings, ctx: CheckContext | None):
 
 def assert_gradients_agree(model, *inputs, forward=None, loss=None, backends=None, rtol=None, atol=None,
                            dtype=None, seed=None, mode=None, referee=None, imprecise=None, unavailable=None, name=None,
-                           order=None, steps=None, optimizer=None, lr=None):
+                           order=None, steps=None, optimizer=None, lr=None, **model_kwargs):
     """Assert that every backend computes the same gradients of ``model`` at ``inputs``.
 
     * ``model``: a built gradcheck ``Module``; ``inputs``: numpy arrays (or
       anything ``numpy.asarray`` takes; torch tensors are detached).  Float
       inputs are differentiated too, integer inputs are constants.
+      A ``torch.nn.Module`` is checked as ``gradcheck.from_torch`` checks it;
+      a jax model (a flax.linen, flax.nnx or equinox module, or a function)
+      takes ``gradcheck.from_jax``'s arguments, ``model_kwargs`` included
+      (``assert_gradients_agree(module, variables, x, train=True)``).
     * ``forward(model, *inputs)`` (or its alias ``loss``): what to
       differentiate; default ``model(*inputs)``.  The loss is a random
       projection of its output, so its shape does not matter.
@@ -221,7 +241,8 @@ def assert_gradients_agree(model, *inputs, forward=None, loss=None, backends=Non
     __tracebackhide__ = True
     result = check_gradients(model, *inputs, forward=forward, loss=loss, backends=backends, rtol=rtol, atol=atol,
                              dtype=dtype, seed=seed, mode=mode, referee=referee, imprecise=imprecise,
-                             unavailable=unavailable, name=name, order=order, steps=steps, optimizer=optimizer, lr=lr)
+                             unavailable=unavailable, name=name, order=order, steps=steps, optimizer=optimizer, lr=lr,
+                             **model_kwargs)
     if result.failed:
         raise GradientsDisagree(format_failure(result), result)
     if result.partial:  # a pass, but not the cross-check that was asked for: say so where a test run shows it
@@ -249,7 +270,7 @@ def _to_numpy(x):
 
 
 # ---------------------------------------------------------------- the message
-# The sentences live with the reports (gradcheck/reports/text.py), so a test failure and a CLI report say the
+# The sentences live with the reports (reports/text.py), so a test failure and a CLI report say the
 # same thing; these names stay importable from here.
 from gradcheck.reports.text import _fmt, _headroom, _table, _who, failing_leaves, format_failure, summary_line  # noqa: E402, F401, I001
 from gradcheck.reports.text import partial_warning  # noqa: E402

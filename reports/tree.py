@@ -13,6 +13,7 @@ gradients, so the tree is built from the gradient leaves first.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from html import escape as e
 
@@ -76,11 +77,25 @@ def build_tree(leaves: list[LeafResult]) -> Node:
     ordered = [x for x in leaves if x.role in GRADIENT_ROLES] + [x for x in leaves if x.role not in GRADIENT_ROLES]
     for leaf in ordered:
         node = root
-        parts = leaf.path.split(".")
-        for i, part in enumerate(parts):
-            node = _insert(node, part, ".".join(parts[: i + 1]))
+        for part, prefix in segments(leaf.path):
+            node = _insert(node, part, prefix)
         node.leaves.append(leaf)
     return root
+
+
+# One segment of a pytree path: ['key'] or ["key"], [index], or a name between "." and "/" separators.
+_SEGMENT = re.compile(r"\['([^']*)'\]|\[\"([^\"]*)\"\]|\[(\d+)\]|([^./\[\]]+)")
+
+
+def segments(path: str) -> list[tuple[str, str]]:
+    """``(name, the path up to and including it)`` per level of a leaf's path: torch's and gradcheck's dotted
+    paths (``layer1.0.conv1.weight``), flax's ``params/Dense_0/kernel`` and ``jax.tree_util.keystr``'s
+    ``.layers[0].weight`` or ``['encoder']['w']``, so the tree follows the model's own structure."""
+    if "/" not in path and "[" not in path:  # a dotted path, empty segments kept
+        parts = path.split(".")
+        return [(part, ".".join(parts[: i + 1])) for i, part in enumerate(parts)]
+    found = [(next(g for g in m.groups() if g is not None), path[: m.end()]) for m in _SEGMENT.finditer(path)]
+    return found or [(path, path)]
 
 
 def vclass(verdict: str) -> str:

@@ -11,6 +11,10 @@ Choose one with ``GRADCHECK_HYPOTHESIS_PROFILE=wide`` or ``pytest --hypothesis-p
 
 ``GRADCHECK_REQUIRE=torch,jax,playwright,chromium`` (``.ci/run`` sets it) turns a test skipped for want of any
 of those into a failure, so a broken install cannot pass as a run with whole modules skipped.
+
+jax's persistent compilation cache is off for the whole session (``GRADCHECK_NO_CACHE``, which the ``gradcheck run``
+processes the tests start inherit): the tests never read or write the per-user cache folder, and no test is served a
+program compiled by an earlier session.  ``tests/test_compile_cache.py`` turns it on, in folders of its own.
 """
 
 from __future__ import annotations
@@ -19,6 +23,9 @@ import os
 import re
 
 import pytest
+
+os.environ["GRADCHECK_NO_CACHE"] = "1"  # set before any test imports jax (see the module docstring)
+os.environ.pop("GRADCHECK_CACHE_DIR", None)
 
 try:
     from hypothesis import settings

@@ -42,7 +42,7 @@ import pytest
 import gradcheck
 import gradcheck.layers as L
 from gradcheck import ops
-from gradcheck.backends import tape_ops
+from gradcheck.backends.tape import ops as tape_ops
 
 
 def model():
@@ -141,7 +141,7 @@ def test_bad_arguments_name_the_value_and_the_choices():
     with pytest.raises(ValueError, match="dtype='float16': expected one of float32, float64"):
         gradcheck.assert_gradients_agree(small_model(), X, dtype="float16")
     with pytest.raises(TypeError, match="pass a torch.nn.Module or a gradcheck Module"):
-        gradcheck.assert_gradients_agree(lambda x: x, X)
+        gradcheck.assert_gradients_agree("not a model", X)  # a function is a jax model (from_jax)
 
 
 def test_imprecise_reaches_the_case_from_the_call_the_marker_and_the_options(pytester):
@@ -151,7 +151,7 @@ def test_imprecise_reaches_the_case_from_the_call_the_marker_and_the_options(pyt
     pytester.makeini("[pytest]\ngradcheck_imprecise = fail\n")
     make_tests(pytester, '''
         def test_ini(gradcheck):
-            assert gradcheck.app.settings.imprecise == "fail"
+            assert gradcheck.settings.imprecise == "fail"
             assert gradcheck(model(), X).imprecise == "fail"
 
         @pytest.mark.gradcheck(imprecise="warn")
@@ -208,7 +208,7 @@ def test_passing_check_and_the_fixture_follow_the_command_line(pytester):
             assert result.backends == ["tape"] and result.dtype == "float64" and result.seed == 3
 
         def test_fixture(gradcheck):
-            assert gradcheck.app.settings.backends == ("tape",) and gradcheck.app.settings.seed == 3
+            assert gradcheck.settings.backends == ("tape",) and gradcheck.settings.seed == 3
             assert gradcheck(model(), X).verdict == "agree"
             assert gradcheck.check(model(), X, dtype="float32").dtype == "float32"  # the call wins
     ''')
@@ -241,7 +241,7 @@ def test_marker_overrides_the_command_line(pytester):
     make_tests(pytester, '''
         @pytest.mark.gradcheck(backends=["tape"], dtype="float64", seed=5)
         def test_marked(gradcheck):
-            assert gradcheck.app.settings.backends == ("tape",)
+            assert gradcheck.settings.backends == ("tape",)
             result = gradcheck(model(), X)
             assert (result.backends, result.dtype, result.seed) == (["tape"], "float64", 5)
 
@@ -249,10 +249,10 @@ def test_marker_overrides_the_command_line(pytester):
         class TestClass:
             @pytest.mark.gradcheck(seed=8)
             def test_closest_marker_wins(self, gradcheck):
-                assert gradcheck.app.settings.seed == 8 and gradcheck.app.settings.backends == ("jax",)
+                assert gradcheck.settings.seed == 8 and gradcheck.settings.backends == ("jax",)
 
             def test_class_marker(self, gradcheck):
-                assert gradcheck.app.settings.seed == 7
+                assert gradcheck.settings.seed == 7
 
         @pytest.mark.gradcheck(rtl=1e-3)
         def test_typo():
@@ -296,7 +296,7 @@ def test_ini_options_and_usage_errors(pytester):
     pytester.makeini("[pytest]\ngradcheck_backends = tape\ngradcheck_rtol = 0.01\n")
     make_tests(pytester, '''
         def test_ini(gradcheck):
-            assert gradcheck.app.settings.backends == ("tape",) and gradcheck.app.settings.rtol == 0.01
+            assert gradcheck.settings.backends == ("tape",) and gradcheck.settings.rtol == 0.01
     ''')
     pytester.runpytest("-p", "no:cacheprovider").assert_outcomes(passed=1)
     bad = pytester.runpytest("-p", "no:cacheprovider", "--gradcheck-backends", "tape,pytorch")
@@ -318,7 +318,7 @@ def test_pyproject_settings_and_tolerance_rules_apply(pytester):
     ''')
     make_tests(pytester, '''
         def test_settings(gradcheck):
-            assert gradcheck.app.settings.backends == ("tape",) and gradcheck.app.settings.seed == 4
+            assert gradcheck.settings.backends == ("tape",) and gradcheck.settings.seed == 4
             result = gradcheck(model(), X)
             bias = next(leaf for leaf in result.leaves if leaf.path == "1.bias")
             assert "biases are loose here" in bias.tolerance.rule

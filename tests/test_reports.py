@@ -1006,3 +1006,30 @@ def test_the_tree_marks_the_origin_layer_and_greys_inherited_leaves():
     html = tree_html(leaves, {}, origin="layer3.bn")
     assert html.count("◆ origin") == 1 and html.index("◆ origin") > html.index(">layer3<")
     assert 'class="trow leaf v-disagree inherited"' in html and html.count(" inherited\"") == 1
+
+
+@pytest.mark.parametrize("paths, expected", [
+    (["layer1.0.conv1.weight", "layer1.0.bn1.weight"], {"layer1": {"0": {"conv1": {}, "bn1": {}}}}),
+    (["params/Dense_0/kernel", "params/Dense_0/bias", "batch_stats/BatchNorm_0/mean"],
+     {"params": {"Dense_0": {}}, "batch_stats": {"BatchNorm_0": {}}}),
+    ([".layers[0].weight", ".layers[1].weight"], {"layers": {"0": {}, "1": {}}}),
+    (["['encoder']['w']", "['decoder']['w']"], {"encoder": {}, "decoder": {}}),
+])
+def test_the_html_tree_follows_each_frameworks_paths(paths, expected):
+    from gradcheck.reports.tree import build_tree
+
+    def shape(node):  # the layer nodes only: a leaf's own last segment holds no children
+        return {name: shape(child) for name, child in node.children.items() if child.children or not child.leaves}
+
+    leaves = [results.LeafResult(path=p, role="param", layer="", shape=[2], dtype="float64", verdict="agree")
+              for p in paths]
+    root = build_tree(leaves)
+    assert shape(root) == expected
+    ends = {leaf.path for node in _walk(root) for leaf in node.leaves}
+    assert ends == set(paths)  # every leaf hangs at the end of its own path
+
+
+def _walk(node):
+    yield node
+    for child in node.children.values():
+        yield from _walk(child)

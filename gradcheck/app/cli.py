@@ -19,7 +19,6 @@ import traceback
 
 EXIT_OK, EXIT_DISAGREE, EXIT_USAGE, EXIT_INTERNAL, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 DEFAULT_OUTPUT = "gradcheck-report"
-FORMATS = ("html", "json", "junit", "markdown")
 
 
 class UsageError(Exception):
@@ -27,6 +26,20 @@ class UsageError(Exception):
 
 
 def build_parser() -> argparse.ArgumentParser:
+    try:
+        return _build_parser()
+    except argparse.ArgumentError as exc:  # a registered report format whose flag another option already has
+        from gradcheck.reports import formats
+
+        taken = set(str(exc).rpartition(": ")[2].split(", "))  # "...: conflicting option string(s): --a, --b"
+        clash = [f.name for f in formats.registered() if f"--{f.name}" in taken]
+        if not clash:
+            raise
+        raise ValueError(f"report format {clash[0]!r}: its flag --{clash[0]} is already an option of gradcheck; "
+                         "register the format under another name") from None
+
+
+def _build_parser() -> argparse.ArgumentParser:
     from gradcheck.app.settings import KEYS
 
     p = argparse.ArgumentParser(
@@ -60,8 +73,11 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--shard", help="I/N: run the I-th of N shards (1-based), for a CI matrix; "
                      "a shard with no case exits 0")
     run.add_argument("--config", help="TOML file with [tool.gradcheck] settings (default: ./pyproject.toml)")
-    for fmt in FORMATS:
-        run.add_argument(f"--{fmt}", metavar="PATH", help=f"write the {fmt} report here")
+    cache = run.add_mutually_exclusive_group()
+    cache.add_argument("--cache-dir", metavar=KEYS["cache_dir"].metavar, help=KEYS["cache_dir"].help)
+    cache.add_argument("--no-cache", action="store_true",
+                       help="no persistent compilation cache: jax compiles everything, and stores nothing")
+    _add_report_flags(run, with_help=True)
     run.add_argument("--results", metavar="PATH", help="stream results as JSON lines here (default in --output)")
     run.add_argument("--no-html", action="store_true", help="do not write the default HTML report")
     run.add_argument("-q", "--quiet", action="store_true", help="no progress, only the summary")
@@ -71,8 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     rep = sub.add_parser("report", help="render reports from stored results (JSON or JSON lines)")
     rep.add_argument("results")
-    for fmt in FORMATS:
-        rep.add_argument(f"--{fmt}", metavar="PATH")
+    _add_report_flags(rep, with_help=False)
 
     diff = sub.add_parser("diff", help="compare two stored runs: leaves whose verdict or error changed")
     diff.add_argument("base")
@@ -80,6 +95,21 @@ def build_parser() -> argparse.ArgumentParser:
     diff.add_argument("--threshold", type=float, default=2.0,
                       help="flag an agreeing leaf whose headroom grew by this factor (default 2)")
     return p
+
+
+def _add_report_flags(parser, with_help: bool) -> None:
+    """One ``--NAME PATH`` flag per registered report format (``gradcheck.reports.formats``)."""
+    from gradcheck.reports import formats
+
+    for fmt in formats.registered():
+        parser.add_argument(f"--{fmt.name}", dest=fmt.dest, metavar="PATH", help=fmt.help if with_help else None)
+
+
+def _report_paths(args) -> dict:
+    """``{format name: path or None}`` as the flags gave them, one entry per registered format."""
+    from gradcheck.reports import formats
+
+    return {fmt.name: getattr(args, fmt.dest) for fmt in formats.registered()}
 
 
 def main(argv=None) -> int:
@@ -113,9 +143,33 @@ def run_settings(args):
     from gradcheck.app import settings as S
 
     config, _ = S.from_config(args.config)
-    flags = S.from_values({k: getattr(args, k) for k in S.VALUE_KEYS if k in vars(args)}, "gradcheck run",
-                          spell=S.spell_flag(), text=True, allowed=S.VALUE_KEYS, rule_name="command line: --rtol/--atol")
+    values = {k: getattr(args, k) for k in S.VALUE_KEYS if k in vars(args)}
+    if getattr(args, "no_cache", False):
+        values["cache_dir"] = False
+    flags = S.from_values(values, "gradcheck run", spell=S.spell_flag(), text=True, allowed=S.VALUE_KEYS,
+                          rule_name="command line: --rtol/--atol")
     return flags.over(config)
+
+
+def use_compile_cache(args, settings) -> None:
+    """Hand the ``cache_dir`` setting to the jax driver; a folder that was asked for must be writable."""
+    from gradcheck.app import settings as S
+    from gradcheck.app.output import OutputError, check_folder
+    from gradcheck.backends.jax import driver as jax_driver
+
+    if args.no_cache or args.cache_dir:
+        where = "--no-cache" if args.no_cache else "--cache-dir"
+    elif settings.cache_dir is not None:  # from the config file, spelled as the settings' own errors spell it
+        where = f"{S.from_config(args.config)[1] or '[tool.gradcheck]'}: cache_dir ="
+    else:
+        where = "cache_dir"
+    choice = jax_driver.cache_choice(settings.cache_dir, where)
+    if choice.folder is not None and choice.source not in ("default", "jax"):  # those warn and run on, uncached
+        try:
+            check_folder(choice.folder, choice.source)
+        except OutputError as exc:
+            raise OutputError(f"{exc}, or run without the cache (--no-cache)") from None
+    jax_driver.use_compile_cache(settings.cache_dir, where)
 
 
 def cmd_run(args) -> int:
@@ -141,6 +195,7 @@ def cmd_run(args) -> int:
         return EXIT_OK
     S.require_comparison(settings.backends_or_default(), settings.referee_or_default(), cli=True)
 
+    use_compile_cache(args, settings)
     paths, results_path = _output_paths(args, settings.output)
     if args.repro is not None:
         from gradcheck.app import output
@@ -180,7 +235,8 @@ def _output_paths(args, output: str | None):
     from gradcheck.app.output import OutputError, check_file
 
     out_dir = output or DEFAULT_OUTPUT
-    paths = {fmt: getattr(args, fmt) for fmt in FORMATS}
+    given = _report_paths(args)
+    paths = dict(given)
     if paths["html"] is None and not args.no_html:
         paths["html"] = os.path.join(out_dir, "report.html")
     results_path = args.results or os.path.join(out_dir, "results.jsonl")
@@ -190,7 +246,7 @@ def _output_paths(args, output: str | None):
     check_file(results_path, "--results" if args.results else "--output")
     for fmt, path in paths.items():
         if path:
-            check_file(path, f"--{fmt}" if getattr(args, fmt) else "--output")
+            check_file(path, f"--{fmt}" if given[fmt] else "--output")
     return paths, results_path
 
 
@@ -320,7 +376,7 @@ def cmd_report(args) -> int:
     from gradcheck.app.output import check_file
 
     result = _load(args.results)
-    paths = {fmt: getattr(args, fmt) for fmt in FORMATS}
+    paths = _report_paths(args)
     if not any(paths.values()):
         paths["html"] = os.path.join(os.path.dirname(os.path.abspath(args.results)), "report.html")
     for fmt, path in paths.items():

@@ -9,17 +9,18 @@ Recognised keys (command-line flags, pytest options and markers override them;
     seed = 0
     mode = "train"             # or "eval"
     referee = "auto"           # "leaves", "joint", "off"
-    referee_budget_s = 20      # auto: every leaf when estimated to fit (counted work, gradcheck/cost.py)
+    referee_budget_s = 20      # auto: every leaf when estimated to fit (counted work, gradcheck/check/cost.py)
     imprecise = "warn"         # or "fail": a float32 result too far from float64 fails its case
     order = 1                  # 2: Hessian-vector products per leaf too
     steps = 0                  # N > 0: N optimiser steps per backend, trajectories compared
     optimizer = "sgd"          # or "adam" (for steps)
     lr = 0.01                  # learning rate (for steps; default sgd 0.01, adam 0.001)
     output = "gradcheck-report"
+    cache_dir = "~/.cache/gradcheck/jax"  # jax's persistent compilation cache (the default); false: none
     rtol = 1e-3                # applies to every leaf (a rule appended last)
     atol = 1e-6
 
-    [tool.gradcheck.tolerance] # see gradcheck/tolerance.py
+    [tool.gradcheck.tolerance] # see gradcheck/check/tolerance.py
 """
 
 from __future__ import annotations

@@ -77,6 +77,8 @@ class _State:
         except S.SettingsError as exc:
             raise pytest.UsageError(f"gradcheck: {exc}") from None
         self.settings = cli_layer.over(ini_layer.over(base))
+        if self.settings.cache_dir is not None:
+            _use_compile_cache(self.settings.cache_dir)
         # Replays spell the options as they were typed.
         self.cli_flags = " ".join(f"{_flag(k)} {shlex.quote(v)}" for k, v in given.items() if v not in (None, ""))
         here = Path(config.invocation_params.dir)
@@ -167,6 +169,21 @@ class _State:
 
 def _flag(setting: str) -> str:
     return "--gradcheck-" + setting.replace("_", "-")
+
+
+def _use_compile_cache(setting) -> None:
+    """``cache_dir`` of ``[tool.gradcheck]``: jax's persistent compilation cache for the session's checks."""
+    from gradcheck.app.output import OutputError, check_folder
+    from gradcheck.backends.jax import driver as jax_driver
+
+    where = "[tool.gradcheck] cache_dir"
+    choice = jax_driver.cache_choice(setting, where)
+    if choice.folder is not None:
+        try:
+            check_folder(choice.folder, choice.source)
+        except OutputError as exc:
+            raise pytest.UsageError(f"gradcheck: {exc}, or turn the cache off (cache_dir = false)") from None
+    jax_driver.use_compile_cache(setting, where)
 
 
 def _pyproject(config) -> S.Settings:

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field, replace
 
 from gradcheck.check.verdict import IMPRECISE_POLICIES, UNAVAILABLE_POLICIES
 
-# gradcheck.check.trajectory.OPTIMIZERS and .ORDERS (that module imports numpy; this one stays light)
+# gradcheck.check.trajectory.OPTIMIZERS and gradcheck.check.second_order.ORDERS (those import numpy; this stays light)
 OPTIMIZERS = ("sgd", "adam")
 ORDERS = (1, 2)
 
@@ -48,7 +48,8 @@ class NothingToCompare(SettingsError):
 @dataclass(frozen=True)
 class Key:
     name: str
-    kind: str  # how values are checked: "backends", "choice", "seed", "number", "positive", "order", "path", "table"
+    # how values are checked: "backends", "choice", "seed", "number", "positive", "order", "path", "cache", "table"
+    kind: str
     metavar: str
     help: str
     choices: tuple[str, ...] = ()
@@ -101,7 +102,11 @@ KEYS: dict[str, Key] = {k.name: k for k in (
         example=20, check=False),
     Key("output", "path", "DIR", "folder for the reports (default ./gradcheck-report)", example="gradcheck-report",
         check=False),
-    Key("tolerance", "table", "", "tolerance defaults and rules (see gradcheck/tolerance.py)", check=False),
+    Key("cache_dir", "cache", "DIR",
+        "folder of jax's persistent compilation cache, which later runs read instead of compiling again (default: "
+        "the per-user cache folder, ~/.cache/gradcheck/jax on Linux; false in [tool.gradcheck], or --no-cache: none)",
+        example="~/.cache/gradcheck/jax", check=False),
+    Key("tolerance", "table", "", "tolerance defaults and rules (see gradcheck/check/tolerance.py)", check=False),
 )}
 CHECK_KEYS = tuple(k for k, key in KEYS.items() if key.check)
 VALUE_KEYS = tuple(k for k in KEYS if k != "tolerance")
@@ -152,6 +157,7 @@ class Settings:
     lr: float | None = None
     referee_budget_s: float | None = None
     output: str | None = None
+    cache_dir: str | bool | None = None  # False: no persistent compilation cache
     # The [tool.gradcheck.tolerance] table and where it came from.
     tolerance: tuple[dict, str] | None = field(default=None, compare=False)
     # (rtol, atol, rule name) of every layer that set one, lowest first: each becomes a tolerance
@@ -247,9 +253,16 @@ def _check(key: Key, value, where: str, spell: Spell, text: bool):
         if not isinstance(value, str) or not value.strip():
             raise SettingsError(f"{said}: must be a path (a non-empty string), e.g. {example}")
         return value
+    if key.kind == "cache":
+        if value is False:  # cache_dir = false, or --no-cache
+            return False
+        if not isinstance(value, str) or not value.strip():
+            raise SettingsError(f"{said}: must be a folder (a non-empty string), e.g. {example}; to run without "
+                                "the cache: cache_dir = false, or --no-cache")
+        return value
     if key.kind == "table":
         if not isinstance(value, dict):
-            raise SettingsError(f"{said}: must be a table, e.g. [tool.gradcheck.tolerance] (see gradcheck/tolerance.py)")
+            raise SettingsError(f"{said}: must be a table, e.g. [tool.gradcheck.tolerance] (see gradcheck/check/tolerance.py)")
         from gradcheck.check.tolerance import ToleranceRules
 
         try:
@@ -262,7 +275,9 @@ def _check(key: Key, value, where: str, spell: Spell, text: bool):
 
 def parse_backends(value, said: str = "backends", example: str = "backends=('tape', 'torch')") -> tuple[str, ...]:
     """``"tape,torch"`` or ``["tape", "torch"]`` -> ``("tape", "torch")``, each name checked."""
-    from gradcheck.check.runner import DEFAULT_BACKENDS
+    from gradcheck.backends import rows
+
+    known = [r.name for r in rows() if r.driver is not None]  # every registered backend that can run a case
 
     if isinstance(value, str):
         names = value.split(",")
@@ -273,10 +288,10 @@ def parse_backends(value, said: str = "backends", example: str = "backends=('tap
                             f"e.g. {example}")
     names = [n.strip() for n in names if n.strip()]
     if not names:
-        raise SettingsError(f"{said}: names no backend; choose from {', '.join(DEFAULT_BACKENDS)}")
+        raise SettingsError(f"{said}: names no backend; choose from {', '.join(known)}")
     for n in names:
-        if n not in DEFAULT_BACKENDS:
-            raise SettingsError(f"{said}: unknown backend {n!r}; choose from {', '.join(DEFAULT_BACKENDS)}")
+        if n not in known:
+            raise SettingsError(f"{said}: unknown backend {n!r}; choose from {', '.join(known)}")
     return tuple(dict.fromkeys(names))
 
 

@@ -178,15 +178,23 @@ def _call(fn, target: str, request: Request) -> list[Case]:
             raise TargetError(f"target {target!r}: {attr}() raised {_one_line(exc)}") from None
     else:
         made = fn
+    from gradcheck.frontends import jax as jax_frontend
     from gradcheck.frontends import torch as export
 
     cases = export.as_cases(made, name=attr)
+    if cases is None:  # (model, args[, kwargs]) of from_jax; a model jax cannot trace is a usage error
+        try:
+            cases = jax_frontend.as_cases(made, name=attr)
+        except Exception as exc:
+            if not jax_frontend.is_usage_error(exc):
+                raise
+            raise TargetError(f"target {target!r}: {exc}") from None
     if not cases:
         raise TargetError(
             f"target {target!r}: {attr} gave {type(made).__name__}"
             + (" (empty)" if isinstance(made, (list, tuple)) and not made else "")
             + "; it must be (or return) a gradcheck Case, a non-empty list of Cases, a (torch.nn.Module, inputs) "
-              "pair, or a non-empty list of those"
+              "pair, a (jax model, args[, kwargs]) tuple of from_jax's arguments, or a non-empty list of those"
         )
     return list(cases)
 

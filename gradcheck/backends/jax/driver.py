@@ -31,7 +31,32 @@ each reduced to a token that changes whenever one of its attributes is
 rebound (a check by identity over the attributes, a few microseconds).
 Undoing the change gives the earlier token back, and its compiled entry.
 
-jax is imported only when this backend is used; float64 is switched on then.
+jax is imported only when this backend is used; float64 is switched on then,
+and jax's persistent compilation cache is set up (below).
+
+The persistent compilation cache keeps what XLA compiled on disk, so a
+later process compiles nothing it compiled before.  It sits under the cache
+above: tracing and lowering still run every time (so every key above still
+decides what is traced), and XLA's executable is looked up by jax's own key
+of the lowered program itself (its StableHLO, the compile options, the jax
+and jaxlib versions, the backend and XLA's flags).  A program that computes
+anything else (another model configuration, dtype, kink decision, a
+monkeypatched op) lowers to another program and is compiled afresh; a
+cached executable is only ever handed back for the identical program.  It
+is on by default, in a per-user folder (:func:`default_cache_folder`);
+:func:`cache_choice` says where the folder comes from:
+
+1. the ``cache_dir`` setting (``gradcheck run --cache-dir DIR`` or
+   ``--no-cache``, ``cache_dir`` in ``[tool.gradcheck]``), given to
+   :func:`use_compile_cache`;
+2. ``GRADCHECK_NO_CACHE=1`` or ``GRADCHECK_CACHE_DIR=DIR`` in the environment;
+3. jax's own configuration, when the user has one (``JAX_COMPILATION_CACHE_DIR``,
+   ``jax.config.update("jax_compilation_cache_dir", ...)`` or the cache
+   switched off in jax): left as it is;
+4. the per-user folder.
+
+The cache is jax's, so it serves every jit compilation of the process, not
+only gradcheck's.
 """
 
 from __future__ import annotations
@@ -41,8 +66,13 @@ import functools
 import hashlib
 import inspect
 import operator
+import os
+import sys
+import tempfile
 import types
+import warnings
 import weakref
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -75,8 +105,151 @@ def configure_jax():
     if not _configured:
         jax.config.update("jax_enable_x64", True)
         jax.config.update("jax_default_matmul_precision", "highest")
+        _apply_compile_cache(jax)
         _configured = True
     return jax
+
+
+# ---------------------------------------------------------------- the persistent compilation cache
+CACHE_DIR_ENV = "GRADCHECK_CACHE_DIR"
+NO_CACHE_ENV = "GRADCHECK_NO_CACHE"
+JAX_CACHE_DIR_ENV = "JAX_COMPILATION_CACHE_DIR"
+JAX_ENABLE_ENV = "JAX_ENABLE_COMPILATION_CACHE"
+_FALSE_WORDS = ("", "0", "false", "no", "off")
+
+# jax's options for its persistent cache, and their defaults in jax.
+_JAX_DIR, _JAX_ENABLE = "jax_compilation_cache_dir", "jax_enable_compilation_cache"
+_JAX_MIN_TIME, _JAX_MIN_SIZE = "jax_persistent_cache_min_compile_time_secs", "jax_persistent_cache_min_entry_size_bytes"
+_JAX_OPTIONS = (_JAX_DIR, _JAX_ENABLE, _JAX_MIN_TIME, _JAX_MIN_SIZE)
+_JAX_DEFAULT_MIN_TIME, _JAX_DEFAULT_MIN_SIZE = 1.0, 0
+
+
+class CacheWarning(UserWarning):
+    """The compilation cache's folder cannot be used; jax compiles without it."""
+
+
+@dataclass(frozen=True)
+class CacheChoice:
+    """Where jax's persistent compilation cache is, and what chose it."""
+
+    folder: str | None  # None: no persistent cache, or jax's own configuration (source "jax")
+    source: str  # the setting as spelled (--cache-dir), an environment variable, "jax" or "default"
+
+    @property
+    def gradcheck(self) -> bool:
+        """Whether gradcheck sets the cache up (jax's own configuration is left as the user made it)."""
+        return self.source != "jax"
+
+
+_setting: tuple[str | bool | None, str] = (None, "cache_dir")  # the cache_dir setting and how it was spelled
+_jax_own: dict | None = None  # jax's cache options as found before gradcheck first changed them
+
+
+def default_cache_folder() -> str:
+    """The per-user folder: ``$XDG_CACHE_HOME/gradcheck/jax`` (``~/.cache/gradcheck/jax``), or the
+    platform's own place on macOS (``~/Library/Caches``) and Windows (``%LOCALAPPDATA%``)."""
+    if sys.platform == "win32" and os.environ.get("LOCALAPPDATA"):
+        return os.path.join(os.environ["LOCALAPPDATA"], "gradcheck", "Cache", "jax")
+    if sys.platform == "darwin":
+        return os.path.join(os.path.expanduser("~"), "Library", "Caches", "gradcheck", "jax")
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "gradcheck", "jax")
+
+
+def use_compile_cache(setting: str | bool | None, where: str = "cache_dir") -> CacheChoice:
+    """Take the ``cache_dir`` setting (a folder, ``False`` for none, ``None`` for unset), spelled ``where``.
+
+    Applied at once if jax is already set up, otherwise before its first
+    compilation; returns the resulting :func:`cache_choice`.
+    """
+    global _setting
+    _setting = (setting, where)
+    if _configured:
+        _apply_compile_cache(sys.modules["jax"])
+    return cache_choice()
+
+
+_GIVEN = object()  # cache_choice's default: the setting given to use_compile_cache
+
+
+def cache_choice(setting=_GIVEN, where: str = "cache_dir") -> CacheChoice:
+    """Where the persistent cache is: the setting, the environment, jax's own configuration, the default.
+
+    ``setting`` defaults to the one given to :func:`use_compile_cache`;
+    another one is resolved without being applied (to check it first).
+    """
+    if setting is _GIVEN:
+        setting, where = _setting
+    if setting is False:
+        return CacheChoice(None, where)
+    if setting:
+        return CacheChoice(os.path.expanduser(setting), where)
+    if os.environ.get(NO_CACHE_ENV, "").strip().lower() not in _FALSE_WORDS:
+        return CacheChoice(None, NO_CACHE_ENV)
+    if os.environ.get(CACHE_DIR_ENV, "").strip():
+        return CacheChoice(os.path.expanduser(os.environ[CACHE_DIR_ENV].strip()), CACHE_DIR_ENV)
+    own = _jax_own_options()
+    if own[_JAX_DIR] or not own[_JAX_ENABLE]:
+        return CacheChoice(own[_JAX_DIR] if own[_JAX_ENABLE] else None, "jax")
+    return CacheChoice(default_cache_folder(), "default")
+
+
+def _jax_own_options() -> dict:
+    """jax's cache options as the user left them: before gradcheck changed them, or jax's environment."""
+    if _jax_own is not None:
+        return _jax_own
+    jax = sys.modules.get("jax")
+    if jax is not None and hasattr(jax, "config"):
+        return {name: getattr(jax.config, name) for name in _JAX_OPTIONS}
+    return {_JAX_DIR: os.environ.get(JAX_CACHE_DIR_ENV) or None,
+            _JAX_ENABLE: os.environ.get(JAX_ENABLE_ENV, "true").strip().lower() not in _FALSE_WORDS,
+            _JAX_MIN_TIME: _JAX_DEFAULT_MIN_TIME, _JAX_MIN_SIZE: _JAX_DEFAULT_MIN_SIZE}
+
+
+def _apply_compile_cache(jax) -> None:
+    """Set jax's cache options to :func:`cache_choice`'s (jax's own when the choice is theirs)."""
+    global _jax_own
+    now = {name: getattr(jax.config, name) for name in _JAX_OPTIONS}
+    if _jax_own is None:
+        _jax_own = dict(now)
+    choice = cache_choice()
+    want = dict(_jax_own)
+    if choice.gradcheck:
+        folder = choice.folder if choice.folder is None or _usable(choice) else None
+        want[_JAX_DIR], want[_JAX_ENABLE] = folder, folder is not None
+        if folder is not None:
+            # By default jax stores only programs that took a second or more to compile; a small layer's
+            # programs compile quicker, and a suite of them adds up.  A threshold the user set is kept.
+            if want[_JAX_MIN_TIME] == _JAX_DEFAULT_MIN_TIME:
+                want[_JAX_MIN_TIME] = 0.0
+            if want[_JAX_MIN_SIZE] == _JAX_DEFAULT_MIN_SIZE:
+                want[_JAX_MIN_SIZE] = -1  # no size threshold, and none put in by jax either
+    if want == now:
+        return
+    for name in _JAX_OPTIONS:
+        if want[name] != now[name]:
+            jax.config.update(name, want[name])
+    # jax opens its cache once, at the first compilation that asks for it: reopen it where it now is.
+    from jax.experimental.compilation_cache import compilation_cache
+
+    compilation_cache.reset_cache()
+
+
+def _usable(choice: CacheChoice) -> bool:
+    """Whether the folder can be made and written in; if not, a warning saying so and how to fix it."""
+    try:
+        os.makedirs(choice.folder, exist_ok=True)
+        fd, probe = tempfile.mkstemp(prefix=".gradcheck-probe.", dir=choice.folder)
+        os.close(fd)
+        os.unlink(probe)
+        return True
+    except OSError as exc:
+        said = "the default folder" if choice.source == "default" else choice.source
+        warnings.warn(CacheWarning(
+            f"jax's compilation cache: {said} {choice.folder} cannot be written ({exc.strerror or exc}); jax "
+            f"compiles without it. Give a writable folder (--cache-dir DIR, cache_dir in [tool.gradcheck] or "
+            f"{CACHE_DIR_ENV}=DIR), or turn the cache off (--no-cache or {NO_CACHE_ENV}=1)"), stacklevel=3)
+        return False
 
 
 class JaxBackend(Backend):
