@@ -30,6 +30,15 @@ def _jax():
     return jax.__version__
 
 
+def _jax_models():
+    """flax, equinox and optax, which from_jax's tests use (the jax-models extra)."""
+    import equinox
+    import flax
+    import optax
+
+    return f"flax {flax.__version__}, equinox {equinox.__version__}, optax {optax.__version__}"
+
+
 def _chromium():
     """Playwright drives the system's Chromium (never a downloaded browser), as tests/test_report_browser.py does."""
     from playwright.sync_api import sync_playwright
@@ -49,7 +58,8 @@ def _chromium():
     return f"{path} ({version})"
 
 
-CHECKS = {"torch": _torch, "jax": _jax, "chromium (through playwright)": _chromium}
+CHECKS = {"torch": _torch, "jax": _jax, "jax-models (flax, equinox, optax)": _jax_models,
+          "chromium (through playwright)": _chromium}
 
 
 def main(names=None) -> int:
@@ -64,7 +74,7 @@ def main(names=None) -> int:
     for line in problems:
         print(f"MISSING OR BROKEN: {line}", file=sys.stderr)
     if problems:
-        print("CI needs torch, jax, playwright and Chromium; a test skipped for want of one hides a failure",
+        print("CI needs torch, jax, flax, equinox, optax, playwright and Chromium; a test skipped for want of one hides a failure",
               file=sys.stderr)
     return 1 if problems else 0
 

@@ -9,7 +9,7 @@ Hypothesis profiles (``tests/draws.py`` scales each test's own example count by 
 
 Choose one with ``GRADCHECK_HYPOTHESIS_PROFILE=wide`` or ``pytest --hypothesis-profile wide``.
 
-``GRADCHECK_REQUIRE=torch,jax,playwright,chromium`` (``.ci/run`` sets it) turns a test skipped for want of any
+``GRADCHECK_REQUIRE=torch,jax,playwright,chromium,flax,equinox,optax`` (``.ci/run`` sets it) turns a test skipped for want of any
 of those into a failure, so a broken install cannot pass as a run with whole modules skipped.
 
 jax's persistent compilation cache is off for the whole session (``GRADCHECK_NO_CACHE``, which the ``gradcheck run``
@@ -45,6 +45,9 @@ _SKIP_WORDS = {
     "jax": r"could not import 'jax\b",
     "playwright": r"could not import 'playwright\b|playwright is not installed",
     "chromium": r"\bChromium\b",
+    "flax": r"could not import 'flax\b",
+    "equinox": r"could not import 'equinox\b",
+    "optax": r"could not import 'optax\b",
 }
 
 
