@@ -8,12 +8,14 @@ import pytest
 pytest.importorskip("hypothesis")
 
 from draws import examples  # noqa: E402
-from hypothesis import given, settings  # noqa: E402
+from hypothesis import assume, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 import gradcheck  # noqa: E402
 from gradcheck import strategies as gst  # noqa: E402
+from gradcheck.assertions import check_gradients  # noqa: E402
 from gradcheck.backends.tape import ops as tape_ops  # noqa: E402
+from gradcheck.results import FAILING  # noqa: E402
 
 pytest_plugins = ["pytester"]
 
@@ -151,6 +153,10 @@ def test_two_hundred_drawn_layers_agree_across_tape_and_torch():
     @settings(max_examples=examples(200), deadline=None)
     @given(gst.layer_cases())
     def check(drawn):
-        gradcheck.assert_gradients_agree(drawn.model(), *drawn.inputs(), backends=("tape", "torch"))
+        res = check_gradients(drawn.model(), *drawn.inputs(), backends=("tape", "torch"))
+        # A draw whose every gradient is zero on every backend (a relu dead on each input) compares nothing:
+        # gradcheck fails such a case as vacuous by design, and for a fuzz of agreement it is another draw's turn.
+        assume(res.verdict != "vacuous")
+        assert not res.failed, [(x.path, x.verdict, x.message) for x in res.leaves if x.verdict in FAILING]
 
     check()
