@@ -36,6 +36,7 @@ from jax.extend import core as jcore
 
 from gradcheck import ops as o
 from gradcheck.backends import backend_of
+from gradcheck.frontends.arrays import array_differ
 from gradcheck.frontends.jax.primitives import (
     LOWERINGS,
     RANDOM,
@@ -858,26 +859,4 @@ def _differ(want, got, rtol: float = VERIFY_RTOL, floor: float = 0.0) -> str | N
         got = np.asarray(jax.random.key_data(got) if isinstance(got, jax.Array) and _is_key_dtype(got.dtype) else got)
     t = np.asarray(want)
     a = np.asarray(o.to_numpy(got)) if backend_of(got) in ("tape", "torch") else np.asarray(got)
-    if a.shape != t.shape:
-        return f"shape {a.shape}, jax's {t.shape}"
-    tk, ak = t.dtype.kind, a.dtype.kind
-    if (tk == "f") != (ak == "f") or (tk != "f" and a.dtype != t.dtype):
-        return f"dtype {a.dtype}, jax's {t.dtype}"
-    if tk != "f":
-        if not np.array_equal(a, t):
-            return f"{int(np.sum(a != t))} of {t.size} elements differ"
-        return None
-    a64, t64 = a.astype(np.float64), t.astype(np.float64)
-    same_special = np.array_equal(np.isnan(a64), np.isnan(t64)) and np.array_equal(
-        np.where(np.isinf(a64), np.sign(a64), 0.0), np.where(np.isinf(t64), np.sign(t64), 0.0))
-    if not same_special:
-        return "NaN or infinite entries differ"
-    finite = np.isfinite(t64)
-    if not finite.any():
-        return None
-    err = float(np.max(np.abs(a64[finite] - t64[finite]), initial=0.0))
-    scale = float(np.max(np.abs(t64[finite]), initial=0.0))
-    if err > rtol * max(scale, floor, np.finfo(np.float64).tiny):
-        inputs = f" and its inputs' {floor:.3g}" if floor > scale else ""
-        return f"max |difference| {err:.3g} where max |jax| is {scale:.3g}{inputs}"
-    return None
+    return array_differ(a, t, rtol, floor, "jax")

@@ -24,6 +24,7 @@ from gradcheck import module as gmodule
 from gradcheck.backends.base import BackendUnavailable
 from gradcheck.check import kinks
 from gradcheck.check.kinks import KinkMismatch
+from gradcheck.frontends.arrays import array_differ
 from gradcheck.frontends.torch import capture, randomness
 from gradcheck.frontends.torch.aten import LOWERINGS, LoweringError, Unavailable
 from gradcheck.ops import BackendOpMissing
@@ -349,27 +350,4 @@ def _differ(tout, lout, rtol: float = VERIFY_RTOL, floor: float = 0.0) -> str | 
         return None
     t = tout.detach().cpu().numpy()
     a = np.asarray(lout) if not hasattr(lout, "value") else np.asarray(lout.value)
-    if a.shape != t.shape:
-        return f"shape {a.shape}, torch's {t.shape}"
-    tk, ak = t.dtype.kind, a.dtype.kind
-    if (tk == "f") != (ak == "f") or (tk != "f" and a.dtype != t.dtype):
-        return f"dtype {a.dtype}, torch's {t.dtype}"
-    if tk != "f":
-        if not np.array_equal(a.astype(t.dtype), t):
-            return f"{int(np.sum(a.astype(t.dtype) != t))} of {t.size} elements differ"
-        return None
-    a64, t64 = a.astype(np.float64), t.astype(np.float64)
-    # Which entries are NaN, +inf and -inf (a NaN's sign is NaN: it must not reach the comparison).
-    same_special = np.array_equal(np.isnan(a64), np.isnan(t64)) and np.array_equal(
-        np.where(np.isinf(a64), np.sign(a64), 0.0), np.where(np.isinf(t64), np.sign(t64), 0.0))
-    if not same_special:
-        return "NaN or infinite entries differ"
-    finite = np.isfinite(t64)
-    if not finite.any():
-        return None
-    err = float(np.max(np.abs(a64[finite] - t64[finite]), initial=0.0))
-    scale = float(np.max(np.abs(t64[finite]), initial=0.0))
-    if err > rtol * max(scale, floor, np.finfo(np.float64).tiny):
-        inputs = f" and its inputs' {floor:.3g}" if floor > scale else ""
-        return f"max |difference| {err:.3g} where max |torch| is {scale:.3g}{inputs}"
-    return None
+    return array_differ(a, t, rtol, floor, "torch")
