@@ -1,8 +1,29 @@
-"""How a lowering's output array differs from the framework's own: one rule for every frontend."""
+"""Arrays as every frontend sees them: which backend and float dtype a call runs in, and how a lowering's output
+differs from the framework's own."""
 
 from __future__ import annotations
 
 import numpy as np
+
+from gradcheck import ops
+from gradcheck.backends import backend_of
+
+
+def backend_of_values(values) -> str:
+    """The backend a call on ``values`` runs on: the first array's that is not numpy's (numpy if none)."""
+    for v in values:
+        b = backend_of(v)
+        if b not in (None, "numpy"):
+            return b
+    return "numpy"
+
+
+def float_dtype_of(values) -> np.dtype:
+    """The float dtype a call on ``values`` computes in: the first float array's (float32 if none)."""
+    for v in values:
+        if hasattr(v, "dtype") and np.dtype(ops.dtype_of(v)).kind == "f":
+            return np.dtype(ops.dtype_of(v))
+    return np.dtype(np.float32)
 
 
 def array_differ(a: np.ndarray, t: np.ndarray, rtol: float, floor: float, framework: str) -> str | None:

@@ -36,7 +36,7 @@ from jax.extend import core as jcore
 
 from gradcheck import ops as o
 from gradcheck.backends import backend_of
-from gradcheck.frontends.arrays import array_differ
+from gradcheck.frontends.arrays import array_differ, backend_of_values, float_dtype_of  # noqa: F401 (used as interpreter.*)
 from gradcheck.frontends.jax.primitives import (
     LOWERINGS,
     RANDOM,
@@ -288,23 +288,6 @@ class _Run(_Walk):
 
     def branch(self, x, n):
         return _branch_index(int(np.asarray(o.to_numpy(x)).reshape(())), n)
-
-
-def backend_of_values(values) -> str:
-    """The backend a call's values are on: the first that is not numpy's (tape, torch, jax), else numpy."""
-    for v in values:
-        b = backend_of(v)
-        if b not in (None, "numpy"):
-            return b
-    return "numpy"
-
-
-def float_dtype_of(values) -> np.dtype:
-    """The float dtype of a call's first float value (its run's), float32 where it has none."""
-    for v in values:
-        if hasattr(v, "dtype") and np.dtype(o.dtype_of(v)).kind == "f":
-            return np.dtype(o.dtype_of(v))
-    return np.dtype(np.float32)
 
 
 def _is_float_value(x) -> bool:

@@ -16,11 +16,9 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
-import numpy as np
-
 from gradcheck import ops
-from gradcheck.backends import backend_of
 from gradcheck.check import kinks
+from gradcheck.frontends.arrays import backend_of_values, float_dtype_of  # noqa: F401 (model and units use them)
 from gradcheck.frontends.torch import randomness
 
 
@@ -74,23 +72,6 @@ def call_torch(module, state: dict, args: tuple, kwargs: dict, training: bool, f
         for m, flag in zip(module.modules(), was):
             m.training = flag
     return out
-
-
-def backend_of_values(values) -> str:
-    """The backend a call on ``values`` runs on: the first array's that is not numpy's (numpy if none)."""
-    for v in values:
-        b = backend_of(v)
-        if b not in (None, "numpy"):
-            return b
-    return "numpy"
-
-
-def float_dtype_of(values) -> np.dtype:
-    """The float dtype a call on ``values`` computes in: the first float array's (float32 if none)."""
-    for v in values:
-        if hasattr(v, "dtype") and np.dtype(ops.dtype_of(v)).kind == "f":
-            return np.dtype(ops.dtype_of(v))
-    return np.dtype(np.float32)
 
 
 class TorchFunctions:
