@@ -36,6 +36,14 @@ the layer's configuration and data from the files next to it, and the part
 the three share (``templates/_common.py``) is written into each in place of
 its ``from _common import Reproducer`` line, so that each stands alone.
 
+A frontend's unit writes its own folder (``WritesItsReplay``): a torch
+submodule call gets ``repro_torch.py``, which loads the submodule by its
+import path (``frontends/torch/units.py``); a call of a jax model's custom
+rule gets ``repro_jax.py`` (``templates/replay_jax_rule.py``), which imports
+the ``custom_vjp``/``custom_jvp`` by its import path and replays the call
+with jax alone (``frontends/jax/replay.py``).  Both keep ``layer.npz`` and
+``meta.json`` as above.
+
 ``check(cr, runs, options, res)`` is the ``repro`` check
 (``gradcheck.check.checks``): with ``options.repro`` a folder, it writes the
 origin's reproducer there after the per-layer replay.
@@ -201,14 +209,19 @@ def _write_one(where: Path, c, loc, res, kind: str) -> Path:
 
 @runtime_checkable
 class WritesItsReplay(Protocol):
-    """A frontend's recorded call that writes its own replay (``export.units.UnitCall``: torch runs the
-    user's submodule, loaded by its import path)."""
+    """A frontend's recorded call that writes its own replay: ``export.units.UnitCall`` (torch runs the user's
+    submodule, loaded by its import path), ``frontends.jax.units.Unit`` (jax runs the user's custom rule, loaded
+    by its import path).
+
+    ``write_replay(where, call)`` writes its script (and any file it needs) into ``where`` and returns what
+    ``meta.json`` adds; two keys of it are taken out first: ``arrays`` (name -> array, added to ``layer.npz``)
+    and ``readme`` (lines of the README that say how to run the script; torch's text when absent).
+    """
 
     def write_replay(self, where: Path, call) -> dict: ...
 
 
 def _write_frontend(where, c, loc, res, kind, names, arrays, leaves, unit) -> Path:
-    np.savez(where / "layer.npz", **arrays)
     origin = res.origin
     meta = {
         "case": res.name, "seed": res.seed, "path": c.path, "call": c.call, "name": c.name, "layer": c.layer,
@@ -218,14 +231,19 @@ def _write_frontend(where, c, loc, res, kind, names, arrays, leaves, unit) -> Pa
         "backends": names, "outputs": len(c.cotangent), "leaves": leaves,
     }
     meta.update(unit.write_replay(where, c))
+    arrays.update(meta.pop("arrays", None) or {})
+    how = meta.pop("readme", None)
+    np.savez(where / "layer.npz", **arrays)
     (where / "meta.json").write_text(json.dumps(meta, indent=1, default=_json) + "\n", encoding="utf-8")
     off = [x["name"] for x in leaves if x["verdict"] != "agree"]
+    if how is None:
+        how = [f"`python repro_torch.py` loads `{meta['import_path']}` from `module.pt` (its package must be "
+               "importable), replays this call in float64 with torch alone, with the case's dropout masks and random "
+               "draws, and prints each gradient next to the float64 reference in `layer.npz` (the value of the "
+               "backend the referee or the majority sided with), then a finite difference along a random direction."]
     lines = [f"# {c.name} ({c.layer}) from gradcheck case `{res.name}`", "", meta["message"] or "", "",
              f"Disagreeing leaves: {', '.join(off) or 'none'}; blamed: {', '.join(meta['blame']) or 'nobody'}.", "",
-             f"`python repro_torch.py` loads `{meta['import_path']}` from `module.pt` (its package must be "
-             "importable), replays this call in float64 with torch alone, with the case's dropout masks and random "
-             "draws, and prints each gradient next to the float64 reference in `layer.npz` (the value of the "
-             "backend the referee or the majority sided with), then a finite difference along a random direction."]
+             *how]
     if meta.get("unsupported"):
         lines += ["", f"Note: {meta['unsupported']}."]
     (where / "README.md").write_text("\n".join(lines) + "\n", encoding="utf-8")

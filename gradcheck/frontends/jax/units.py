@@ -13,6 +13,8 @@ tape, torch and numpy run its primal body (``interpreter.run_equation``).
    gives the cotangent arriving at each.
 3. **Replay.**  ``RuleCall`` is the call as a layer: its float operands are the layer's inputs, its integer
    and bool operands held as recorded.
+4. **Reproducer.**  ``Unit.write_replay`` (``gradcheck.repro``) writes a script that loads the user's rule by
+   its import path and replays the call with jax alone (``replay``).
 
 A call is named by the module path jax records for it (flax's name stack) and the function the rule stands
 for (``LinenMLP/relu``, ``scaled_tanh``); its origin message says where the function is defined.
@@ -39,6 +41,11 @@ class RuleCall(Module):
     def __call__(self, *inputs):
         return self._call(inputs)
 
+    @property
+    def _unit(self):
+        """The call as ``gradcheck.repro`` writes it (``Unit.write_replay``)."""
+        return self._call
+
 
 class Unit:
     """A custom rule's equation at one site of the jaxpr, and how each backend runs it alone."""
@@ -61,6 +68,12 @@ class Unit:
         floats = interpreter.float_dtype_of(list(inputs))
         known = self.program.traced(floats).known
         return tuple(interpreter.run_equation(self.eqn, self.site, self.i, operands, floats, known))
+
+    def write_replay(self, where, rec) -> dict:
+        """A reproducer of this call with jax alone: the user's rule by its import path (``replay``)."""
+        from gradcheck.frontends.jax import replay
+
+        return replay.write_replay(self, where, rec)
 
 
 _KINDS = {"custom_jvp_call": "custom_jvp", "custom_vjp_call": "custom_vjp", "custom_vjp_call_jaxpr": "custom_vjp"}
