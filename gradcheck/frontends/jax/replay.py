@@ -140,7 +140,10 @@ def _is_rule(obj, eqn, name, file, line, bwd) -> bool:
             return False
     elif not isinstance(obj, jax.custom_jvp):
         return False
-    fun = inspect.unwrap(obj.fun)  # jax.nn.relu's primal is a jitted function
+    try:
+        fun = inspect.unwrap(obj.fun)  # jax.nn.relu's primal is a jitted function
+    except ValueError:  # a cycle of __wrapped__
+        return False
     code = getattr(fun, "__code__", None)
     return (code is not None and getattr(fun, "__name__", "") == name and code.co_firstlineno == line
             and _same_file(code.co_filename, file))
@@ -161,8 +164,9 @@ def _candidates(eqn) -> list[tuple[str, object]]:
     bwd = _bwd(eqn)
     modules = []
     for mod in list(sys.modules.values()):
-        mod_file = getattr(mod, "__file__", None)
-        if mod_file and file and _same_file(mod_file, file):
+        # The module's own dict: a module-level __getattr__ (a lazy or deprecating module) is never run.
+        mod_file = vars(mod).get("__file__") if mod is not None and hasattr(mod, "__dict__") else None
+        if isinstance(mod_file, str) and file and _same_file(mod_file, file):
             modules.append(mod)
     owner = sys.modules.get(getattr(bwd, "__module__", "") or "")
     if owner is not None and owner not in modules:
