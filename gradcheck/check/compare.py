@@ -41,14 +41,15 @@ VACUOUS_REL = {"float32": 1e-5, "float64": 1e-11}
 
 
 def pair_stats(a: np.ndarray, b: np.ndarray, tol: ResolvedTolerance, scale: float, backend: str,
-               reference: str) -> PairResult:
+               reference: str, value_scale: np.ndarray | None = None) -> PairResult:
     """How far ``a`` (backend) is from ``b`` (reference).
 
     The elementwise numbers (mismatched count, max abs/rel and where) are
     always computed; the verdict and the headroom follow the tolerance's
-    criterion (see ``gradcheck.check.tolerance``).
+    criterion (see ``gradcheck.check.tolerance``).  ``value_scale``: see
+    ``compare_leaf``.
     """
-    return _pair(_Operand(a), _Operand(b), tol, scale, backend, reference)[0]
+    return _pair(_Operand(a), _Operand(b), tol, scale, backend, reference, value_scale)[0]
 
 
 def _dot(a: np.ndarray, b: np.ndarray) -> float:
@@ -95,7 +96,7 @@ def _ratio(diff: np.ndarray, allowed: np.ndarray, nonzero: np.ndarray) -> np.nda
 
 
 def _pair(a: _Operand, b: _Operand, tol: ResolvedTolerance, scale: float, backend: str,
-          reference: str) -> tuple[PairResult, Callable[[], np.ndarray]]:
+          reference: str, value_scale: np.ndarray | None = None) -> tuple[PairResult, Callable[[], np.ndarray]]:
     """The pair's result, and a function giving its elementwise error ratios (for the worst-element table).
 
     The ratios are materialised only where the verdict needs them (the
@@ -107,6 +108,8 @@ def _pair(a: _Operand, b: _Operand, tol: ResolvedTolerance, scale: float, backen
     nd = float(np.sqrt(_dot(flat, flat)))
     np.abs(diff, out=diff)
     allowed = tol.rtol * b.abs
+    if value_scale is not None:
+        allowed += tol.rtol * value_scale
     allowed += atol
     nonzero = diff != 0
     rel = _ratio(diff, b.abs, nonzero)
@@ -139,14 +142,18 @@ def _pair(a: _Operand, b: _Operand, tol: ResolvedTolerance, scale: float, backen
 
 
 def compare_leaf(path: str, role: str, arrays: dict, *, dtype: str, rules: ToleranceRules, layer: str = "",
-                 expect_array: bool = True, case_scale: float = 0.0) -> LeafResult:
+                 expect_array: bool = True, case_scale: float = 0.0,
+                 value_scale: np.ndarray | None = None) -> LeafResult:
     """Compare one leaf across backends. ``arrays`` maps backend -> array, None or MISSING.
 
     ``case_scale`` is, for a gradient, the largest gradient entry of the
     whole case, against which the leaf is judged vacuous (see
     ``VACUOUS_REL``); for a buffer, the scale of the case's updated buffers,
     below which its absolute tolerance does not go (see
-    ``runner._buffer_scale``).  The
+    ``runner._buffer_scale``).  ``value_scale``, for an updated buffer, is a
+    scale per element that its relative tolerance applies to besides its own
+    value, ``|a - b| <= atol + rtol (|b| + value_scale)``
+    (``statistic_scales``).  The
     leaf comes back ``agree`` or ``disagree`` as its pairs say (or with the
     verdict of a failed earlier check); blame is ``verdict.decide``'s.
     """
@@ -171,16 +178,20 @@ def compare_leaf(path: str, role: str, arrays: dict, *, dtype: str, rules: Toler
     if role == "buffer":
         scale = max(scale, case_scale)
     base_tol = rules.resolve(path, dtype, layer)
-    leaf.tolerance = base_tol.record(scale)
+    if value_scale is not None:
+        value_scale = np.asarray(value_scale, np.float64)
+        if value_scale.shape != tuple(leaf.shape) or not np.any(value_scale):
+            value_scale = None
+    leaf.tolerance = _recorded(base_tol, scale, value_scale)
     ratios_of = []  # per pair: a function computing its elementwise error ratios
     for x, y in itertools.combinations(names, 2):
         backend, reference = (y, x) if reference_rank(x) <= reference_rank(y) else (x, y)
         tol = rules.resolve(path, dtype, layer, (backend, reference))
-        pair, ratios = _pair(operands[backend], operands[reference], tol, scale, backend, reference)
+        pair, ratios = _pair(operands[backend], operands[reference], tol, scale, backend, reference, value_scale)
         leaf.pairs.append(pair)
         ratios_of.append(ratios)
         if tol.rules != base_tol.rules:
-            leaf.tolerance = tol.record(scale)
+            leaf.tolerance = _recorded(tol, scale, value_scale)
     if leaf.pairs:
         worst = max(range(len(leaf.pairs)), key=lambda k: leaf.pairs[k].headroom)
         _attach_worst(leaf, given, leaf.pairs[worst], ratios_of[worst]())
@@ -193,6 +204,88 @@ def compare_leaf(path: str, role: str, arrays: dict, *, dtype: str, rules: Toler
         return leaf
     leaf.verdict = "disagree" if any(p.verdict == "disagree" for p in leaf.pairs) else "agree"
     return leaf
+
+
+def _recorded(tol: ResolvedTolerance, scale: float, value_scale: np.ndarray | None):
+    """The tolerance as the leaf records it, naming the statistic's scale where one applied."""
+    out = tol.record(scale)
+    if value_scale is not None and tol.criterion != "norm":
+        out.rule = (out.rule.replace("|b|", "(|b| + s)", 1)
+                    + f"; s: the statistic's scale per element, up to {float(np.max(value_scale)):.3g} "
+                    "(its update's operands, and a mean's spread: the square root of its running variance)")
+    return out
+
+
+# A running mean and its running variance are named alike in every framework gradcheck reads: torch and
+# gradcheck's layers (``bn.running_mean``, ``bn.running_var``), flax linen and nnx (``.../mean``, ``.../var``).
+_MEAN, _VARIANCES = "mean", ("var", "variance")
+
+
+def statistic_scales(before: dict[str, np.ndarray], after: dict[str, dict]) -> dict[str, np.ndarray]:
+    """Per updated buffer, the scale per element that its rounding is at besides its own value
+    (``compare_leaf``'s ``value_scale``).
+
+    ``before`` maps each float buffer's path to its value at the case point;
+    ``after`` each backend to its updated buffers.  A running statistic is
+    updated as ``b' = (1 - m) b + m s`` from a batch statistic ``s``, and
+    ``s`` is as precise as the values it summarises *relative to their own
+    scale*, not relative to ``s``: a batch mean of two values per channel
+    that nearly cancel (BatchNorm at 1x1 spatial, batch 2) inherits their
+    rounding, which the model may have amplified far past a unit roundoff,
+    at the scale of the values.  If those values agree within ``rtol`` of
+    their scale, then ``|m Δs| <= rtol m rms(x)``, and from the buffers alone:
+
+    * ``m |s| = |b' - (1 - m) b| <= max(|b'|, |b|, |b' - b|)`` whatever
+      ``m`` in [0, 1] (the update's operands; beyond ``|b'|`` only where the
+      update cancelled: a pretrained running mean meeting a batch mean of the
+      other sign);
+    * for a mean with a running variance beside it (same path, ``var`` for
+      ``mean``; updated from the same batch with ``v >= 0``):
+      ``m σ = sqrt(m · m σ²) <= sqrt(m σ²) <= sqrt(v')`` (σ² biased or unbiased),
+      and ``rms(x) <= |μ| + σ``.
+
+    So ``s = max(|b'|, |b|, |b' - b|) - |b'| (+ sqrt(v'))``, ``b'`` and ``v'``
+    each the median over backends (one backend's wrong statistics cannot widen
+    everyone's tolerance).  ``sqrt(v')`` is also the scale at which the mean
+    is ever used, ``(x - b') / sqrt(v' + eps)``: an error below ``rtol`` of it
+    moves no normalised value by more than ``rtol``.  A path absent from the
+    result has no scale beyond its own values.
+    """
+    medians = {}
+    for path, b0 in before.items():
+        got = [np.asarray(buf[path], np.float64) for buf in after.values() if _usable(buf.get(path), np.shape(b0))]
+        if got:
+            medians[path] = np.median(np.stack(got), axis=0)
+    out = {}
+    for path, b1 in medians.items():
+        b0 = np.abs(np.asarray(before[path], np.float64))
+        moved = np.abs(b1 - np.asarray(before[path], np.float64))
+        scale = np.maximum(np.maximum(b0, moved), np.abs(b1)) - np.abs(b1)
+        var = _variance_of(path, medians)
+        if var is not None:
+            scale = scale + np.sqrt(np.maximum(var, 0.0))
+        if np.any(scale > 0):
+            out[path] = scale
+    return out
+
+
+def _usable(v, shape) -> bool:
+    if v is None or v is MISSING:
+        return False
+    v = np.asarray(v)
+    return v.shape == tuple(shape) and v.dtype.kind == "f" and bool(np.isfinite(v).all())
+
+
+def _variance_of(path: str, medians: dict[str, np.ndarray]) -> np.ndarray | None:
+    """The running variance beside the running mean at ``path`` (``None`` when ``path`` is not a mean or has none)."""
+    i = path.rfind(_MEAN)
+    if i < 0:
+        return None
+    for name in _VARIANCES:
+        sibling = path[:i] + name + path[i + len(_MEAN):]
+        if sibling in medians and medians[sibling].shape == medians[path].shape:
+            return medians[sibling]
+    return None
 
 
 def _structure(leaf: LeafResult, names, arrays, given, expect_array, dtype) -> bool:
