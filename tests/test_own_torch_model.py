@@ -23,7 +23,7 @@ from torch import nn  # noqa: E402
 
 from gradcheck import ops  # noqa: E402
 from gradcheck.backends.tape import ops as tape_ops  # noqa: E402
-from gradcheck.check.runner import RunOptions, run_case  # noqa: E402
+from gradcheck.check.runner import AHEAD_OF_LOCALISING, RunOptions, run_case  # noqa: E402
 from gradcheck.frontends.torch import aten, from_torch, lowering  # noqa: E402
 
 ALL = ("tape", "torch", "jax")
@@ -97,6 +97,63 @@ def test_a_wrong_jax_gradient_inside_one_submodule_is_found_there_and_blamed_on_
     monkeypatch.setattr(jax_ops, "tanh", tanh)
     res = run_case(_mlp_case(kind="tanh"))
     _assert_origin(res, "blocks.3.act", "jax")
+
+
+# With the referee over its budget (every large model), the disagreeing leaves wait for localisation: the two
+# nearest the output are refereed at once, the origin's replay is refereed on the layer alone, and the leaves
+# that only inherit its error take its blame.  The first pass replays the blamed backend and one other.
+OVER_BUDGET = RunOptions(referee_budget_s=0.0)
+
+
+def _wrong_tape(monkeypatch):
+    original = tape_ops.tanh.vjps[0]
+    monkeypatch.setitem(tape_ops.tanh.vjps, 0, lambda g, ans, x: ops.mul(original(g, ans, x), 1.001))
+    return "tanh"
+
+
+def _wrong_jax(monkeypatch):
+    import jax
+
+    from gradcheck.backends.jax import ops as jax_ops
+
+    @jax.custom_vjp
+    def tanh(x):
+        return jax.numpy.tanh(x)
+
+    tanh.defvjp(lambda x: (jax.numpy.tanh(x), jax.numpy.tanh(x)), lambda y, g: (g * (1 - y * y) * 1.001,))
+    monkeypatch.setattr(jax_ops, "tanh", tanh)
+    return "tanh"
+
+
+@pytest.mark.parametrize("wrong, blame", [(lambda mp: "wrong", "torch"), (_wrong_tape, "tape"), (_wrong_jax, "jax")],
+                         ids=["torch", "tape", "jax"])
+def test_over_the_referee_budget_the_inherited_leaves_wait_for_the_origin_and_take_its_blame(monkeypatch, wrong,
+                                                                                              blame):
+    res = run_case(_mlp_case(kind=wrong(monkeypatch)), OVER_BUDGET)
+    _assert_origin(res, "blocks.3.act", blame)
+    waited = [n for n in res.notes if "were not refereed apart" in n]
+    assert waited and "blocks.3.act (Act)" in waited[0], res.notes
+    # Only the leaves nearest the output were refereed before localising; every other inherited leaf waited.
+    inherited = [leaf for leaf in res.leaves if leaf.inherited]
+    assert sum(1 for leaf in inherited if leaf.referee) <= AHEAD_OF_LOCALISING < len(inherited), failing(res)
+    assert all(leaf.blame == [blame] for leaf in inherited), failing(res)
+    first = [n for n in res.notes if n.startswith("per-layer replay: every layer on")]
+    assert first and f"blames {blame}" in first[0] and "only where they disagree" in first[0], res.notes
+
+
+def test_with_two_backends_the_inherited_leaves_are_blamed_through_the_origin():
+    # No majority between two backends: without the origin, nobody could be blamed for the inherited leaves.
+    res = run_case(_mlp_case(kind="wrong"), RunOptions(backends=("tape", "torch"), referee_budget_s=0.0))
+    assert res.origin is not None and res.origin.blame == ["torch"], failing(res)
+    waited = [leaf for leaf in res.leaves if leaf.inherited and not leaf.referee]
+    assert waited and all(leaf.blame == ["torch"] and "inherits the error of blocks.3.act" in leaf.message
+                          for leaf in waited), failing(res)
+
+
+def test_over_the_referee_budget_a_correct_model_still_agrees():
+    res = run_case(_mlp_case(kind="silu"), OVER_BUDGET)
+    assert_agree(res)
+    assert not any("were not refereed apart" in n for n in res.notes), res.notes
 
 
 def test_the_root_is_never_named_when_nothing_was_replayed(monkeypatch):

@@ -386,8 +386,30 @@ def _replay(recs: list[LayerCall], names: list[str], rules: ToleranceRules, keep
                 rec.drop()
 
 
+def _first_pass(res, names: list[str], keep: bool) -> list[str]:
+    """The backends every layer is replayed on: those the model's verdict blames, and the cheapest one it does
+    not (a backend that does not compile first, then the reference order).
+
+    A wrong backward in one layer shows as that layer's blamed backend against any right one, so the other
+    backends are replayed only where the first pass disagrees (``_localise``).  Every backend replays every
+    layer when that cannot be known: a disagreeing leaf nobody is blamed for, every backend blamed, a model that
+    agrees (``per_layer``), or every call's arrays kept (``keep_replays``).
+    """
+    off = [leaf for leaf in res.leaves if leaf.verdict in OFF and leaf.role != "referee"]
+    blamed = _blamed(res)
+    if keep or not off or any(not leaf.blame for leaf in off) or all(b in blamed for b in names):
+        return list(names)
+    clear = min((b for b in names if b not in blamed), key=lambda b: (get_backend(b).compiles, reference_rank(b)))
+    return sorted([b for b in names if b in blamed] + [clear], key=reference_rank)
+
+
+def _blamed(res) -> set[str]:
+    return {b for leaf in res.leaves if leaf.verdict in OFF for b in leaf.blame}
+
+
 def _judge(rec: LayerCall, rules: ToleranceRules) -> None:
     evs = rec.evaluations
+    rec.grads, rec.forward = [], []  # judged afresh when a later pass adds backends
     ran = sorted(evs, key=reference_rank)
     rec.replayed = len(ran) >= 2
     if not rec.replayed:
@@ -510,14 +532,20 @@ def _localise(cr, names, res, rules, keep: bool) -> Localisation:
         cotangents(cr, calls)
         loc.seconds["cotangents"] = time.perf_counter() - t0
     t0 = time.perf_counter()
+    first = _first_pass(res, names, keep)
     layers = [c for c in calls if c.unit == "layer"]
-    _replay(layers, names, rules, keep)
+    _replay(layers, first, rules, keep)
     deepest = max((c for c in layers if c.vjp_off()), key=lambda c: c.start, default=None)
     # Blocks hold the code between layers; only those starting after the deepest disagreeing layer can
     # hold a deeper origin (see the module doc).
     blocks = [c for c in calls if c.unit == "block" and (deepest is None or c.start > deepest.start)]
     if disagrees(res):
-        _replay(blocks, names, rules, keep)
+        _replay(blocks, first, rules, keep)
+    rest = [n for n in names if n not in first]
+    if rest:  # every backend where the first pass found something: the origin's verdict is the full one
+        _replay([c for c in calls if c.replayed and c.verdict != "agree"], rest, rules, keep)
+        res.notes.append(f"per-layer replay: every layer on {verdict.joined(first)} (the model's verdict blames "
+                         f"{verdict.joined(b for b in first if b in _blamed(res))}); {verdict.joined(rest)} only where they disagree")
     loc.seconds["replay"] = time.perf_counter() - t0
     replayed = [c for c in calls if c.replayed]
     failed = [f"{c.name}: {b} failed ({c.errors[b].splitlines()[0]})" for c in calls for b in c.errors]

@@ -53,7 +53,7 @@ from gradcheck.backends.base import BackendUnavailable, all_leaves
 from gradcheck.case import Case, cast_floats, materialise
 from gradcheck.check import checks, conditioning, cost, kinks, localise, verdict
 from gradcheck.check import referee as ref
-from gradcheck.check.compare import MISSING, compare_leaf, first_in_backward_order
+from gradcheck.check.compare import MISSING, compare_leaf, first_in_backward_order, statistic_scales
 from gradcheck.check.errors import internal_error, short_error
 from gradcheck.check.tolerance import ToleranceRules
 from gradcheck.results import (
@@ -147,6 +147,8 @@ class CaseRun:
         self._loss_noise: float | None = None
         # What the localise check found (gradcheck.check.localise), for the checks after it (gradcheck.repro).
         self.localisation: localise.Localisation | None = None
+        # The per-leaf referee, when some leaves wait for localisation (runner._referee_deferred).
+        self.referee: _LeafReferee | None = None
 
     def loss_fn(self, cotangents):
         forward = self.forward
@@ -236,6 +238,7 @@ def run_case(case: Case, options: RunOptions | None = None) -> CaseResult:
     res.first_disagreement = first_in_backward_order(res.leaves)
     if runs:
         _run_checks(cr, runs, options, res)
+        _referee_deferred(cr, runs, res)
     return res
 
 
@@ -351,9 +354,9 @@ def _compare(cr: CaseRun, runs: dict[str, BackendRun], options: RunOptions, res:
     names = sorted(runs, key=reference_rank)
     measured = cr.args32 is not None
 
-    def judge(path, role, get, layer="", expect_array=True, scale=0.0):
+    def judge(path, role, get, layer="", expect_array=True, scale=0.0, value_scale=None):
         leaf = compare_leaf(path, role, {b: get(r.ev64) for b, r in runs.items()}, dtype="float64", rules=rules,
-                            layer=layer, expect_array=expect_array, case_scale=scale)
+                            layer=layer, expect_array=expect_array, case_scale=scale, value_scale=value_scale)
         leaf.nondeterministic = {b: d for b, r in runs.items() if r.again is not None
                                  and (d := _spread(get(r.ev32 if measured else r.ev64), get(r.again)))}
         if measured and expect_array and leaf.verdict in ("agree", "disagree"):
@@ -369,9 +372,12 @@ def _compare(cr: CaseRun, runs: dict[str, BackendRun], options: RunOptions, res:
         res.leaves.append(judge(path, "output", lambda ev, k=k: _nth_output(ev.value, k)))
     buffers = [leaf for leaf in leaves if leaf.kind == "buffer" and np.asarray(leaf.value).dtype.kind == "f"]
     floor = _buffer_scale(runs, [leaf.path for leaf in buffers])
+    # A running statistic is as precise as the values it summarises, at their scale (compare.statistic_scales).
+    statistic = statistic_scales({leaf.path: leaf.value for leaf in buffers},
+                                 {b: r.ev64.buffers for b, r in runs.items()})
     for leaf in buffers:
         res.leaves.append(judge(leaf.path, "buffer", lambda ev, p=leaf.path: ev.buffers.get(p, MISSING),
-                                layer=owners.get(leaf.path, ""), scale=floor))
+                                layer=owners.get(leaf.path, ""), scale=floor, value_scale=statistic.get(leaf.path)))
 
     grad_leaves = []
     known = set()
@@ -531,7 +537,8 @@ def _referee(cr: CaseRun, runs, judged: list[LeafResult], options: RunOptions, r
     # The estimate comes from the float64 forward's counted work, not its time: the mode must not
     # change with the machine's load (see gradcheck.check.cost).
     every_leaf_s = ref.PASSES * cr.forward64_work.seconds() * len(judged)
-    if mode == "leaves" or (mode == "auto" and every_leaf_s <= options.referee_budget_s):
+    every = mode == "leaves" or (mode == "auto" and every_leaf_s <= options.referee_budget_s)
+    if every:
         chosen = [leaf.path for leaf in judged]
     else:
         chosen = [leaf.path for leaf in judged if leaf.verdict != "agree"]
@@ -543,19 +550,97 @@ def _referee(cr: CaseRun, runs, judged: list[LeafResult], options: RunOptions, r
                 f"direction and each leaf the backends disagree on apart; --referee leaves checks every leaf")
         _joint_referee(cr, runs, point, dirs, grads, max(rtol(p) for p in point), res)
     gradients_at = _gradients_at(cr, runs)
-    slope = ref.SlopeCheck(gradients_at) if gradients_at is not None else None
-    out = {}
-    for path in chosen:
-        out[path], passes = ref.check(cr.loss64, point, {path: dirs[path]}, grads, rtol(path), cr.loss_abs,
-                                      cr.loss_noise(), slope)
-        res.referee_passes += passes
-    if slope is not None and slope.assumed:
-        res.notes.append(
-            f"referee: the finite difference missed every backend on {slope.measured + slope.assumed} leaves; the slope "
-            f"was measured on {slope.measured} of them (one backend's float64 gradient at each step's two ends) and "
-            f"moved within the step on {slope.unsteady}, so on the other {slope.assumed} the difference "
-            + ("was not trusted: the referee abstained there" if slope.unsteady else "stands as it is"))
+    referee = _LeafReferee(point, dirs, rtol, ref.SlopeCheck(gradients_at) if gradients_at is not None else None)
+    if not every and len(runs) > 1 and len(chosen) > AHEAD_OF_LOCALISING:
+        # A wrong backward in one layer puts every leaf before it off: localisation names that layer and which
+        # leaves only inherit its error, so the per-leaf referee waits for it (``_referee_deferred``).
+        chosen = _backward_order(judged, chosen)
+        referee.deferred = chosen[AHEAD_OF_LOCALISING:]
+        chosen = chosen[:AHEAD_OF_LOCALISING]
+        cr.referee = referee
+    out = {path: referee.check(cr, runs, path, res) for path in chosen}
+    referee.note_slope(res)
     return out
+
+
+# Disagreeing leaves the referee checks before localisation, nearest the output first (where a disagreement
+# starts); the rest wait for the origin (``_referee_deferred``).
+AHEAD_OF_LOCALISING = 2
+
+
+@dataclass
+class _LeafReferee:
+    """The per-leaf referee of one case: its point, directions, tolerances and slope budget, kept for the leaves
+    that wait for localisation (``deferred``)."""
+
+    point: dict
+    dirs: dict
+    rtol: Callable[[str], float]
+    slope: ref.SlopeCheck | None
+    deferred: list[str] = field(default_factory=list)
+
+    def check(self, cr: CaseRun, runs, path: str, res: CaseResult):
+        grads = {b: r.ev64.grads for b, r in runs.items()}
+        checks, passes = ref.check(cr.loss64, self.point, {path: self.dirs[path]}, grads, self.rtol(path),
+                                   cr.loss_abs, cr.loss_noise(), self.slope)
+        res.referee_passes += passes
+        return checks
+
+    def note_slope(self, res: CaseResult) -> None:
+        slope = self.slope
+        if slope is None or not slope.assumed:
+            return
+        note = (f"referee: the finite difference missed every backend on {slope.measured + slope.assumed} leaves; the "
+                f"slope was measured on {slope.measured} of them (one backend's float64 gradient at each step's two "
+                f"ends) and moved within the step on {slope.unsteady}, so on the other {slope.assumed} the difference "
+                + ("was not trusted: the referee abstained there" if slope.unsteady else "stands as it is"))
+        res.notes[:] = [n for n in res.notes if not n.startswith("referee: the finite difference missed every")]
+        res.notes.append(note)
+
+
+def _backward_order(judged: list[LeafResult], paths: list[str]) -> list[str]:
+    """``paths`` nearest the output first: parameters last in forward order first (where a wrong backward shows
+    first, ``compare.first_in_backward_order``), then the other roles in forward order."""
+    wanted = set(paths)
+    params = [leaf.path for leaf in judged if leaf.path in wanted and leaf.role == "param"]
+    return params[::-1] + [leaf.path for leaf in judged if leaf.path in wanted and leaf.role != "param"]
+
+
+def _referee_deferred(cr: CaseRun, runs: dict[str, BackendRun], res: CaseResult) -> None:
+    """The per-leaf referee on the disagreeing leaves that waited for localisation.
+
+    A leaf that only inherits the origin's error (``LeafResult.inherited``) is
+    not refereed apart: the origin's own replay, refereed on the layer alone,
+    is the evidence, and its blame is the origin's where the pairs alone did
+    not decide.  Every other leaf still disagreeing (the origin's own, a
+    second error, or all of them when no origin was found) is refereed as if
+    it had not waited.
+    """
+    referee = cr.referee
+    if referee is None or not referee.deferred:
+        return
+    names = sorted(runs, key=reference_rank)
+    waiting = set(referee.deferred)
+    leaves = [leaf for leaf in res.leaves if leaf.path in waiting and leaf.verdict == "disagree"]
+    origin = res.origin
+    explained = [leaf for leaf in leaves if leaf.inherited and origin is not None and origin.path]
+    for leaf in leaves:
+        if leaf in explained:
+            continue
+        verdict.decide(leaf, names, referee.check(cr, runs, leaf.path, res))
+    referee.note_slope(res)
+    if not explained:
+        return
+    where = f"{origin.path} ({origin.layer})"
+    for leaf in explained:
+        if not leaf.blame and origin.blame:
+            leaf.blame = list(origin.blame)
+            leaf.message = (f"{', '.join(origin.blame)}: inherits the error of {where}, where "
+                            f"{verdict.joined(origin.blame)}'s own backward disagrees; {leaf.message}")
+    res.notes.append(
+        f"referee: {len(explained)} disagreeing leaves inherit the error of the origin {where} and were not refereed "
+        f"apart (the origin's own replay was; {AHEAD_OF_LOCALISING} leaves nearest the output were refereed before "
+        f"localising): {', '.join(leaf.path for leaf in explained[:5])}{', ...' if len(explained) > 5 else ''}")
 
 
 def _gradients_at(cr: CaseRun, runs) -> ref.GradientsAt | None:

@@ -89,8 +89,8 @@ def decide(leaf: LeafResult, names: list[str], referee: list[RefereeCheck] | Non
         # share, or of a function not smooth within the referee's step, not against one backend.
         leaf.blame = []
         if leaf.pairs:
-            which = _every(names) if not held else _and(missed)
-            head = f"{_and(names)} agree with each other, but the float64 finite difference differs from {which}"
+            which = _every(names) if not held else joined(missed)
+            head = f"{joined(names)} agree with each other, but the float64 finite difference differs from {which}"
         else:
             head = f"the float64 finite difference differs from {_every(names, named=True)}"
         leaf.message = (f"{head} ({_referee_numbers(stable)}): either every backend shares one wrong rule or the "
@@ -99,13 +99,13 @@ def decide(leaf: LeafResult, names: list[str], referee: list[RefereeCheck] | Non
     odd = _odd_one_out(names, leaf.pairs)
     if missed and held:
         leaf.blame = missed
-        leaf.message = (f"{', '.join(leaf.blame)}: the float64 referee and {_and(held)} agree "
+        leaf.message = (f"{', '.join(leaf.blame)}: the float64 referee and {joined(held)} agree "
                         f"({_referee_numbers(stable)}){detail}")
     elif odd:
         leaf.blame = odd
         right = [n for n in names if n not in odd]
         why = _referee_abstains(leaf.referee, stable, missed, names)
-        leaf.message = f"{', '.join(odd)}: {_and(right)} agree in float64 and {'it does' if len(odd) == 1 else 'they do'} not"
+        leaf.message = f"{', '.join(odd)}: {joined(right)} agree in float64 and {'it does' if len(odd) == 1 else 'they do'} not"
         leaf.message += f" (by majority; {why}){detail}"
     else:
         leaf.blame = []
@@ -113,7 +113,7 @@ def decide(leaf: LeafResult, names: list[str], referee: list[RefereeCheck] | Non
         # Two backends have no majority: only the referee could decide between them.
         decides = "neither a majority nor the referee decides" if len(names) > 2 else \
             "the referee does not decide between them"
-        leaf.message = f"{_and(names)} disagree in float64 and {decides} ({why}){detail}"
+        leaf.message = f"{joined(names)} disagree in float64 and {decides} ({why}){detail}"
     return leaf
 
 
@@ -125,7 +125,7 @@ def _every(names, named: bool = False) -> str:
     """"both of them" / "all of them", or with ``named`` "both tape and torch" / "all of tape, torch and jax"."""
     if len(names) == 2:
         return f"both {names[0]} and {names[1]}" if named else "both of them"
-    return f"all of {_and(names)}" if named else "all of them"
+    return f"all of {joined(names)}" if named else "all of them"
 
 
 def _referee_numbers(checks: list[RefereeCheck]) -> str:
@@ -170,7 +170,8 @@ def _subsets(names, size):
     return itertools.combinations(names, size)
 
 
-def _and(items) -> str:
+def joined(items) -> str:
+    """"a", "a and b", "a, b and c" ("nobody" for none)."""
     items = list(items)
     if not items:
         return "nobody"
@@ -234,7 +235,7 @@ def float32_part(arrays32: dict, arrays64: dict, factor: float, floor: float) ->
         return out
     if nonfinite:
         out.verdict, out.imprecise = "nonfinite", nonfinite
-        out.message = f"{_and(nonfinite)}: NaN/Inf in float32 where float64 is finite (float32 overflows or underflows)"
+        out.message = f"{joined(nonfinite)}: NaN/Inf in float32 where float64 is finite (float32 overflows or underflows)"
         return out
     if not out.errors:
         out.verdict = "unmeasured"
