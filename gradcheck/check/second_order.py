@@ -344,17 +344,17 @@ def _message(leaf: LeafResult, names: list[str]) -> str:
                          for c in cs)
 
     if not leaf.pairs:
-        return (f"{_and(c.backend for c in missed)}: the Hessian-vector product misses the float64 central "
+        return (f"{verdict.joined(c.backend for c in missed)}: the Hessian-vector product misses the float64 central "
                 f"difference of the backend's own gradient ({numbers(missed)}); no other backend to compare with")
     if not any(p.verdict == "disagree" for p in leaf.pairs):
-        return (f"{_and(names)} agree with each other, but the central difference of "
-                f"{'its' if len(missed) == 1 else 'their'} own gradient differs for {_and(c.backend for c in missed)} "
+        return (f"{verdict.joined(names)} agree with each other, but the central difference of "
+                f"{'its' if len(missed) == 1 else 'their'} own gradient differs for {verdict.joined(c.backend for c in missed)} "
                 f"({numbers(missed)}): the gradient is not smooth within the referee's step here, or every "
                 "backend's second derivative shares one wrong rule")
     if leaf.blame and missed and held:
         one = len(leaf.blame) == 1
         return (f"{', '.join(leaf.blame)}: {'its' if one else 'their'} Hessian-vector product is not the derivative "
-                f"of {'its' if one else 'their'} own gradient ({numbers(missed)}); {_and(c.backend for c in held)} "
+                f"of {'its' if one else 'their'} own gradient ({numbers(missed)}); {verdict.joined(c.backend for c in held)} "
                 f"{'matches' if len(held) == 1 else 'match'} the float64 central difference of "
                 f"{'its' if len(held) == 1 else 'their'} own ({numbers(held)}){detail}")
     if not stable:
@@ -365,13 +365,7 @@ def _message(leaf: LeafResult, names: list[str]) -> str:
         why = f"the referee finds every backend off ({numbers(missed)})"
     if leaf.blame:
         right = [n for n in names if n not in leaf.blame]
-        return (f"{', '.join(leaf.blame)}: {_and(right)} agree in float64 and "
+        return (f"{', '.join(leaf.blame)}: {verdict.joined(right)} agree in float64 and "
                 f"{'it does' if len(leaf.blame) == 1 else 'they do'} not (by majority; {why}){detail}")
-    return f"{_and(names)} disagree in float64 and neither a majority nor the referee decides ({why}){detail}"
+    return f"{verdict.joined(names)} disagree in float64 and neither a majority nor the referee decides ({why}){detail}"
 
-
-def _and(items) -> str:
-    items = list(items)
-    if not items:
-        return "nobody"
-    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
