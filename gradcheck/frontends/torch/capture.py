@@ -18,6 +18,7 @@ statistics, ``num_batches_tracked``).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 from dataclasses import dataclass, field
@@ -73,8 +74,15 @@ class _Forward(nn.Module):
         self._forward = forward
 
     def forward(self, *inputs):
+        inputs = tuple(x.detach() if i in self.held else x for i, x in enumerate(inputs))
         out = self.module(*inputs) if self._forward is None else self._forward(self.module, *inputs)
         return _without_objects(out, self.dropped)
+
+    @property
+    def held(self) -> dict:
+        """Float inputs torch does not differentiate (``soft_margin_loss``'s target), by position: why each is
+        held (``hold_undifferentiable``).  The forward detaches them, so the graph does too."""
+        return self.__dict__.setdefault("_held", {})
 
     @property
     def dropped(self) -> dict:
@@ -140,6 +148,62 @@ class Graph:
     export_s: float = 0.0
 
 
+_NOT_DIFFERENTIABLE = re.compile(r"function '(\w+)' is not differentiable with respect to argument '(\w+)'")
+
+
+def hold_undifferentiable(wrapper: _Forward, example_inputs: tuple, training: bool) -> None:
+    """Find the float inputs torch refuses to differentiate, and hold them as the case's constants.
+
+    A float input is differentiated like a parameter.  But some of torch's ops
+    declare an argument not differentiable and refuse a tensor that requires
+    a gradient there ("The function 'soft_margin_loss' is not differentiable
+    with respect to argument 'target'"): a loss module called as
+    ``loss(x, target)`` with a float target could then not run on torch at
+    all, while the tape and jax would differentiate the target through the
+    graph.  Such an input is torch's convention, like a ``padding_idx`` row:
+    the forward detaches it (``_Forward.held``), on every backend and in the
+    graph, so no backend gives it a gradient and the referee holds it fixed.
+
+    Found by one forward with every float input requiring a gradient (the
+    parameters detached, the buffers on copies, so the module stays at the
+    case's point); only when torch refuses, one forward per float input
+    says which.  Runs once per module.
+    """
+    if "_held_probed" in wrapper.__dict__:
+        return
+    wrapper.__dict__["_held_probed"] = True
+    floats = [i for i, x in enumerate(example_inputs) if isinstance(x, torch.Tensor) and x.is_floating_point()]
+    if not floats:
+        return
+
+    def refusal(which) -> str:
+        state = {n: p.detach() for n, p in wrapper.named_parameters()}
+        state.update((n, b.clone()) for n, b in wrapper.named_buffers())
+        # A clone of a leaf that requires a gradient: the module may write into its inputs, as into any tensor.
+        xs = tuple(x.detach().requires_grad_(True).clone() if i in which else x for i, x in enumerate(example_inputs))
+        was = [m.training for m in wrapper.modules()]
+        wrapper.train(training)
+        try:
+            with torch.enable_grad():
+                torch.func.functional_call(wrapper, state, xs, strict=False)
+        except RuntimeError as exc:
+            found = _NOT_DIFFERENTIABLE.search(str(exc))
+            return f"{found.group(1)}'s {found.group(2)}" if found else ""
+        except Exception:  # noqa: BLE001 - any other failure is the capture's to report, with its own message
+            return ""
+        finally:
+            for m, flag in zip(wrapper.modules(), was):
+                m.training = flag
+        return ""
+
+    if not refusal(set(floats)):
+        return
+    for i in floats:
+        why = refusal({i})
+        if why:
+            wrapper.held[i] = why
+
+
 def decomposition_table(decompose: str):
     if decompose not in DECOMPOSE:
         raise ValueError(f"from_torch: decompose={decompose!r}; expected one of {', '.join(DECOMPOSE)}")
@@ -165,11 +229,12 @@ def export(wrapper: _Forward, example_inputs: tuple, training: bool, decompose: 
     import warnings
 
     table = decomposition_table(decompose)
+    hold_undifferentiable(wrapper, example_inputs, training)
     was = [m.training for m in wrapper.modules()]
     wrapper.train(training)
     mode = "train" if training else "eval"
     try:
-        with warnings.catch_warnings():
+        with warnings.catch_warnings(), _recurrent_dropout():
             # torch's own deprecation inside export, and nn.LSTM's weight cache being set while tracing:
             # neither says anything about the module being checked.
             warnings.filterwarnings("ignore", message=".*LeafSpec.*", category=FutureWarning)
@@ -194,6 +259,55 @@ def export(wrapper: _Forward, example_inputs: tuple, training: bool, decompose: 
     finally:
         for m, flag in zip(wrapper.modules(), was):
             m.training = flag
+
+
+@contextlib.contextmanager
+def _recurrent_dropout():
+    """While a graph is captured, torch's decomposition of the recurrent layers draws their dropout between layers.
+
+    ``nn.RNN``, ``nn.LSTM`` and ``nn.GRU`` with ``dropout=p`` and more than
+    one layer drop each layer's output but the last in training (torch's
+    kernel, ``_rnn_impl``).  The Python decomposition that export traces them
+    with (``torch._decomp.decompositions._rnn_helper``, torch 2.13) sets
+    ``dropout = dropout if (train and num_layers < i - 1) else 0.0``, a
+    condition no layer meets, so its graph draws nothing where the module
+    draws a mask, and the graph is not the module in training.  This helper
+    is torch's with the kernel's condition; each layer's output is dropped as
+    the kernel drops it, by ``torch.dropout``, in the same order, so the
+    graph's draws and the module's line up.
+    """
+    from torch._decomp import decompositions
+
+    torch_helper = getattr(decompositions, "_rnn_helper", None)
+    if torch_helper is None or not hasattr(decompositions, "params_hiddens"):
+        yield  # a torch whose decomposition is organised otherwise: nothing to mend here
+        return
+    params_hiddens = decompositions.params_hiddens
+
+    def rnn_helper(input, hidden, params, has_biases, num_layers, dropout, train, bidirectional, batch_first,
+                   layer_fn):
+        input = input.transpose(0, 1) if batch_first else input
+        final_hiddens = []
+        for i in range(num_layers):
+            cur_params, cur_hidden, bidir_params, bidir_hidden = params_hiddens(params, hidden, i, bidirectional)
+            fwd_inp, fwd_hidden = layer_fn(input, cur_hidden, cur_params, has_biases)
+            final_hiddens.append(fwd_hidden)
+            if bidirectional:
+                bwd_inp, bwd_hidden = layer_fn(input, bidir_hidden, bidir_params, has_biases, reverse=True)
+                final_hiddens.append(bwd_hidden)
+                input = torch.cat([fwd_inp, bwd_inp], fwd_inp.dim() - 1)
+            else:
+                input = fwd_inp
+            if dropout != 0 and train and i < num_layers - 1:
+                input = torch.dropout(input, dropout, train=True)
+        input = input.transpose(0, 1) if batch_first else input
+        return input, final_hiddens
+
+    decompositions._rnn_helper = rnn_helper
+    try:
+        yield
+    finally:
+        decompositions._rnn_helper = torch_helper
 
 
 def torch_reason(exc: BaseException) -> str:
