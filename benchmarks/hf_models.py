@@ -1,0 +1,245 @@
+"""Third-party models through ``from_torch``: Hugging Face transformers architectures built from small configs.
+
+Not a test and not a dependency: it needs ``transformers`` (and torch and
+jax), which the project does not install.  Each model is built from its
+config with random initialisation (nothing is downloaded): 2 layers, hidden
+size 32 to 64, a vocabulary of 96, 32x32 images.  It is put in train mode
+(dropout and BatchNorm batch statistics on), called as a user calls it
+(``model(input_ids)`` or ``model(pixel_values)``, the output's
+``last_hidden_state``), and checked by ``gradcheck.from_torch`` and the
+runner on the tape, torch and jax.  Each (model, seed) runs in a fresh
+process with a time limit; one JSON line per run goes to ``--out``:
+verdict, leaves compared and agreeing, unavailable backends, errors, notes,
+time.  The seed is both torch's initialisation seed and the case seed
+(cotangent, dropout masks, referee directions).
+
+    python benchmarks/hf_models.py --seeds 0 1 2 --out hf_models.jsonl
+    python benchmarks/hf_models.py --models gpt2 bart --seeds 0      # some of them
+    python benchmarks/hf_models.py --table hf_models.jsonl           # the table of a finished run
+    python benchmarks/hf_models.py --table benchmarks/results/hf_models.json   # the kept one
+
+A run is "clean" when its verdict is ``agree`` with nothing unavailable, no
+error, and no float32 result that is imprecise (a warning, which does not
+fail the case unless ``imprecise="fail"``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import subprocess
+import sys
+import time
+
+VOCAB, SEQ, BATCH, IMAGE = 96, 8, 2, 32
+# The networks that downsample 32 times see 64x64: at 32x32 their last stages are 1x1, where a BatchNorm over a
+# batch of 2 normalises two values to +-1 whatever they are, and every gradient before it vanishes (vacuous).
+IMAGE_32X = 64
+
+
+def _ids(seed, vocab=VOCAB, seq=SEQ):
+    import torch
+
+    g = torch.Generator().manual_seed(1000 + seed)
+    # Token 0 and 1 are pad/bos ids in several configs; ids from 2 keep every position a real token.
+    return torch.randint(2, vocab, (BATCH, seq), generator=g)
+
+
+def _pixels(seed, size=IMAGE):
+    import torch
+
+    g = torch.Generator().manual_seed(1000 + seed)
+    return torch.randn(BATCH, 3, size, size, generator=g)
+
+
+def _text(cls_name, config_name, **config):
+    def build(seed):
+        import transformers
+
+        model = getattr(transformers, cls_name)(getattr(transformers, config_name)(**config))
+        return model, (_ids(seed),), lambda m, ids: m(input_ids=ids).last_hidden_state
+
+    return build
+
+
+def _image(cls_name, config_name, out="last_hidden_state", after=None, **config):
+    def build(seed):
+        import transformers
+
+        model = getattr(transformers, cls_name)(getattr(transformers, config_name)(**config))
+        if after is not None:
+            after(model)
+        return model, (_pixels(seed, config.get("image_size", IMAGE)),), lambda m, x: getattr(m(pixel_values=x), out)
+
+    return build
+
+
+def _unit_batch_norms(model):
+    """BatchNorm weights 1 and biases 0, torch's own initialisation.
+
+    transformers' EfficientNet initialises BatchNorm weights like its convolutions, normal(0, 0.02): each of
+    its 20 normalisations then scales the activations by about 0.02, the output is about 1e-33 and every
+    parameter's gradient 1e-31 or less, so every leaf but the output would be vacuous (a pretrained
+    checkpoint has weights near 1).
+    """
+    import torch
+
+    for m in model.modules():
+        if isinstance(m, torch.nn.modules.batchnorm._BatchNorm):
+            m.reset_parameters()
+
+
+def _t5(seed):
+    import transformers
+
+    config = transformers.T5Config(vocab_size=VOCAB, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4,
+                                   decoder_start_token_id=0, pad_token_id=0)
+    model = transformers.T5Model(config)
+    dec = _ids(seed + 500)
+    return model, (_ids(seed), dec), lambda m, ids, d: m(input_ids=ids, decoder_input_ids=d).last_hidden_state
+
+
+DECODER = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+               num_key_value_heads=2, max_position_embeddings=64)
+ENCODER = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+               max_position_embeddings=64)
+
+MODELS = {
+    "gpt2": _text("GPT2Model", "GPT2Config", vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=4, n_positions=64,
+                  bos_token_id=1, eos_token_id=1),
+    "llama": _text("LlamaModel", "LlamaConfig", **DECODER),
+    "mistral": _text("MistralModel", "MistralConfig", **DECODER, sliding_window=4),
+    "qwen2": _text("Qwen2Model", "Qwen2Config", **DECODER),
+    "gemma": _text("GemmaModel", "GemmaConfig", **DECODER, head_dim=8),
+    "phi": _text("PhiModel", "PhiConfig", **DECODER),
+    "gpt_neox": _text("GPTNeoXModel", "GPTNeoXConfig", vocab_size=VOCAB, hidden_size=32, intermediate_size=64,
+                      num_hidden_layers=2, num_attention_heads=4, max_position_embeddings=64),
+    "bert": _text("BertModel", "BertConfig", **ENCODER),
+    "roberta": _text("RobertaModel", "RobertaConfig", **ENCODER, pad_token_id=1),
+    "bart": _text("BartModel", "BartConfig", vocab_size=VOCAB, d_model=32, encoder_layers=2, decoder_layers=2,
+                  encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64,
+                  max_position_embeddings=64),
+    "t5": _t5,
+    "vit": _image("ViTModel", "ViTConfig", image_size=IMAGE, patch_size=8, hidden_size=32, num_hidden_layers=2,
+                  num_attention_heads=4, intermediate_size=64),
+    "swin": _image("SwinModel", "SwinConfig", image_size=IMAGE, patch_size=4, embed_dim=16, depths=[1, 1],
+                   num_heads=[2, 4], window_size=4),
+    "segformer": _image("SegformerModel", "SegformerConfig", image_size=IMAGE, num_encoder_blocks=2, depths=[1, 1],
+                        sr_ratios=[2, 1], hidden_sizes=[16, 32], patch_sizes=[7, 3], strides=[4, 2],
+                        num_attention_heads=[1, 2], mlp_ratios=[2, 2]),
+    "convnext": _image("ConvNextModel", "ConvNextConfig", image_size=IMAGE, num_stages=2, hidden_sizes=[16, 32],
+                       depths=[1, 1], patch_size=4),
+    "mobilevit": _image("MobileViTModel", "MobileViTConfig", image_size=IMAGE_32X, hidden_sizes=[32, 40, 48],
+                        neck_hidden_sizes=[8, 8, 16, 16, 24, 32, 64], num_attention_heads=2, patch_size=2),
+    "mobilenet_v2": _image("MobileNetV2Model", "MobileNetV2Config", image_size=IMAGE_32X, depth_multiplier=0.25,
+                           finegrained_output=False),
+    "efficientnet": _image("EfficientNetModel", "EfficientNetConfig", after=_unit_batch_norms, image_size=IMAGE_32X, width_coefficient=0.25,
+                           depth_coefficient=0.25, hidden_dim=320),
+}
+
+
+def child(name: str, seed: int) -> dict:
+    """One model at one seed, in this process: built, captured, checked."""
+    import torch
+
+    import gradcheck
+    from gradcheck.check.runner import RunOptions, run_case
+
+    torch.manual_seed(seed)
+    t0 = time.perf_counter()
+    model, inputs, forward = MODELS[name](seed)
+    model.train()
+    row = {"model": name, "seed": seed, "class": type(model).__name__,
+           "params": sum(p.numel() for p in model.parameters())}
+    case = gradcheck.from_torch(model, *inputs, forward=forward, name=name, seed=seed)
+    row["capture_s"] = round(time.perf_counter() - t0, 2)
+    res = run_case(case, RunOptions(backends=("tape", "torch", "jax")))
+    row.update(verdict=res.verdict, float32=res.float32, compared=res.compared, agreeing=res.agreeing,
+               leaves=len(res.leaves), unavailable=res.unavailable, errors=res.errors, notes=res.notes,
+               timings={b: {k: None if v is None else round(v, 2) for k, v in vars(t).items()}
+                        for b, t in res.timings.items()},
+               leaf_verdicts=dict(collections.Counter(leaf.verdict for leaf in res.leaves)),
+               float32_off=[{"path": leaf.path, "verdict": leaf.float32.verdict, "message": leaf.float32.message[:400]}
+                            for leaf in res.leaves
+                            if leaf.float32 is not None and leaf.float32.verdict not in ("ok", "unmeasured")][:12],
+               unpinned=list(res.unpinned),
+               disagreeing=[{"path": leaf.path, "verdict": leaf.verdict, "blame": list(leaf.blame),
+                             "message": leaf.message[:600]}
+                            for leaf in res.leaves if leaf.verdict != "agree"][:12],
+               wall_s=round(time.perf_counter() - t0, 2))
+    row["clean"] = (res.verdict == "agree" and not res.unavailable and not res.errors
+                    and res.float32 != "imprecise")
+    return row
+
+
+def _run_one(name, seed, timeout) -> dict:
+    t0 = time.perf_counter()
+    cmd = [sys.executable, os.path.abspath(__file__), "--child", name, str(seed)]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return {"model": name, "seed": seed, "verdict": "timeout", "clean": False,
+                "wall_s": round(time.perf_counter() - t0, 1)}
+    for line in reversed(proc.stdout.splitlines()):
+        if line.startswith("{"):
+            return json.loads(line)
+    return {"model": name, "seed": seed, "verdict": "crash", "clean": False, "returncode": proc.returncode,
+            "stderr": proc.stderr[-3000:], "wall_s": round(time.perf_counter() - t0, 1)}
+
+
+def table(rows) -> str:
+    lines = ["| model | seed | verdict | float32 | agreeing / compared | unavailable | errors | wall s |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        unavailable = ", ".join(r.get("unavailable") or {}) or "none"
+        errors = ", ".join(r.get("errors") or {}) or "none"
+        lines.append(f"| {r['model']} | {r['seed']} | {r.get('verdict')} | {r.get('float32', '')} | "
+                     f"{r.get('agreeing', '-')} / {r.get('compared', '-')} | {unavailable} | {errors} | "
+                     f"{r.get('wall_s', '-')} |")
+    agree = sum(1 for r in rows if r.get("verdict") == "agree" and not r.get("unavailable") and not r.get("errors"))
+    warned = sum(1 for r in rows if r.get("verdict") == "agree" and r.get("float32") == "imprecise")
+    clean = sum(1 for r in rows if r.get("clean"))
+    lines.append(f"\n{agree} of {len(rows)} runs agree on all three backends with nothing unavailable; {warned} of "
+                 f"them warn of an imprecise float32 result; {clean} are clean (agree, nothing unavailable, no "
+                 "error, no float32 warning)")
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--models", nargs="*", default=list(MODELS), choices=list(MODELS))
+    p.add_argument("--seeds", nargs="*", type=int, default=[0, 1, 2])
+    p.add_argument("--out", default="hf_models.jsonl", help="JSON lines, one per (model, seed); appended to")
+    p.add_argument("--timeout", type=float, default=1800.0, help="seconds per (model, seed)")
+    p.add_argument("--child", nargs=2, metavar=("MODEL", "SEED"), help=argparse.SUPPRESS)
+    p.add_argument("--table", metavar="JSONL", help="print the table of a finished run and exit")
+    args = p.parse_args(argv)
+    if args.child:
+        print(json.dumps(child(args.child[0], int(args.child[1])), default=str), flush=True)
+        return 0
+    if args.table:
+        with open(args.table, encoding="utf-8") as fh:
+            text = fh.read()
+        if args.table.endswith(".jsonl"):
+            print(table([json.loads(line) for line in text.splitlines() if line.strip()]))
+        else:  # a kept run: {"runs": [...]} (benchmarks/results/hf_models.json)
+            print(table(json.loads(text)["runs"]))
+        return 0
+    rows = []
+    for name in args.models:
+        for seed in args.seeds:
+            row = _run_one(name, seed, args.timeout)
+            rows.append(row)
+            with open(args.out, "a", encoding="utf-8") as fh:
+                fh.write(json.dumps(row, default=str) + "\n")
+            print(f"{name} seed {seed}: {row.get('verdict')} clean={row.get('clean')} "
+                  f"{row.get('agreeing', '-')}/{row.get('compared', '-')} unavailable={list(row.get('unavailable') or {})} "
+                  f"errors={list(row.get('errors') or {})} {row.get('wall_s')} s", flush=True)
+    print(table(rows))
+    return 0 if all(r.get("clean") for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
