@@ -72,6 +72,22 @@ def limit_loaded_libraries(threads: int) -> None:
         sys.modules["torch"].set_num_threads(threads)
 
 
+def time_phases(targets, phases: dict[str, float]) -> None:
+    """Wrap each ``(module, function name, key)`` so that its calls add their wall seconds to ``phases[key]``:
+    where a child process's time went, phase by phase (the runner's steps, the per-layer replay)."""
+    for module, name, key in targets:
+        inner = getattr(module, name)
+
+        def wrapper(*args, _inner=inner, _key=key, **kwargs):
+            t0 = time.perf_counter()
+            try:
+                return _inner(*args, **kwargs)
+            finally:
+                phases[_key] = phases.get(_key, 0.0) + time.perf_counter() - t0
+
+        setattr(module, name, wrapper)
+
+
 def measure(fn, runs: int = 7, warmup: int = 1) -> dict:
     """Median (and spread) of ``runs`` calls after ``warmup`` calls; wall and process CPU seconds."""
     for _ in range(warmup):

@@ -145,21 +145,8 @@ def child(model: str, variant: str) -> dict:
     from gradcheck.check import runner
 
     phases: dict[str, float] = {}
-
-    def timed(module, name, key):
-        inner = getattr(module, name)
-
-        def wrapper(*args, **kwargs):
-            t0 = time.perf_counter()
-            try:
-                return inner(*args, **kwargs)
-            finally:
-                phases[key] = phases.get(key, 0.0) + time.perf_counter() - t0
-
-        setattr(module, name, wrapper)
-
-    for name, key in (("_run_backends", "backends"), ("_referee", "referee"), ("_within_reach", "float64's reach")):
-        timed(runner, name, key)
+    _common.time_phases([(runner, name, key) for name, key in (
+        ("_run_backends", "backends"), ("_referee", "referee"), ("_within_reach", "float64's reach"))], phases)
     # Both variants import the frameworks before the clock starts: the case's figures are the case's work alone
     # (the process's figures hold the imports, flax and from_jax's modules among them for the flax variant).
     import jax  # noqa: F401

@@ -36,23 +36,9 @@ def child(variant: str, seed: int) -> dict:
     from gradcheck.check import localise, runner
 
     phases: dict[str, float] = {}
-
-    def timed(module, name, key):
-        inner = getattr(module, name)
-
-        def wrapper(*args, **kwargs):
-            t0 = time.perf_counter()
-            try:
-                return inner(*args, **kwargs)
-            finally:
-                phases[key] = phases.get(key, 0.0) + time.perf_counter() - t0
-
-        setattr(module, name, wrapper)
-
-    for module, name, key in ((runner, "_run_backends", "backends"), (runner, "_referee", "referee"),
-                              (runner, "_within_reach", "float64's reach"), (localise, "_localise", "localise"),
-                              (runner, "_referee_deferred", "referee after localising")):
-        timed(module, name, key)
+    _common.time_phases([(runner, "_run_backends", "backends"), (runner, "_referee", "referee"),
+                         (runner, "_within_reach", "float64's reach"), (localise, "_localise", "localise"),
+                         (runner, "_referee_deferred", "referee after localising")], phases)
     found = []
     inner_localise = localise.localise
     localise.localise = lambda *a, **k: found.append(inner_localise(*a, **k)) or found[-1]

@@ -4,10 +4,7 @@ fresh process where gradcheck cannot be imported, printing the numbers next to t
 from __future__ import annotations
 
 import json
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -21,6 +18,7 @@ from gradcheck.check.runner import RunOptions, run_case
 torch = pytest.importorskip("torch")
 pytest.importorskip("jax")
 
+from isolated import run_scripts  # noqa: E402
 from test_localise import (  # noqa: E402  (after the importorskips: it needs torch)
     CONV_BN,
     MLP,
@@ -31,40 +29,6 @@ from test_localise import (  # noqa: E402  (after the importorskips: it needs to
 )
 
 from gradcheck.backends.torch import ops as torch_ops  # noqa: E402  (after the importorskips: it imports torch)
-
-# Runs each script given, in order, in this one fresh process; gradcheck is made unimportable first.
-BOOT = r"""
-import runpy, sys
-class Blocked:
-    def find_spec(self, name, path=None, target=None):
-        if name == "gradcheck" or name.startswith("gradcheck."):
-            raise ModuleNotFoundError(f"No module named {name!r} (a reproducer must not need gradcheck)")
-        return None
-sys.meta_path.insert(0, Blocked())
-for script in sys.argv[1:]:
-    print(f"=== {script}", flush=True)
-    sys.argv = [script]
-    code = 0
-    try:
-        runpy.run_path(script, run_name="__main__")
-    except SystemExit as exc:
-        code = exc.code
-    print(f"=== EXIT {code}", flush=True)
-    assert "gradcheck" not in sys.modules
-"""
-
-
-def run_scripts(scripts, cwd) -> dict:
-    """{script: (exit code, output)}, all run in one fresh, isolated interpreter outside the repository."""
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
-    done = subprocess.run([sys.executable, "-I", "-c", BOOT, *map(str, scripts)], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    out = {m.group(1): (int(m.group(3)), m.group(2))
-           for m in re.finditer(r"=== (\S+)\n(.*?)=== EXIT (-?\d+)\n", done.stdout, re.S)}
-    assert len(out) == len(scripts), done.stdout[-3000:] + done.stderr[-3000:]
-    return out
-
 
 ROW = re.compile(r"  index \(([\d, ]*)\): (.*)")
 

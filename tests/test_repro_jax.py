@@ -8,10 +8,7 @@ or not, next to a clean control whose script reports agreement.
 from __future__ import annotations
 
 import json
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -23,6 +20,7 @@ pytest.importorskip("torch")
 
 import jax_models as jm  # noqa: E402
 import jax_rule_models as jr  # noqa: E402
+from isolated import run_scripts  # noqa: E402
 
 from gradcheck import repro  # noqa: E402
 from gradcheck.check import runner  # noqa: E402
@@ -31,37 +29,10 @@ from gradcheck.frontends.jax import from_jax  # noqa: E402
 
 TESTS = str(Path(__file__).resolve().parent)  # the "user's package": the models' modules live here
 
-# Runs one script in a fresh interpreter (python -I: no PYTHONPATH, no user site) where gradcheck cannot be
-# imported; argv: the script, then folders to put on sys.path (the user's package).
-BOOT = r"""
-import runpy, sys
-class Blocked:
-    def find_spec(self, name, path=None, target=None):
-        if name == "gradcheck" or name.startswith("gradcheck."):
-            raise ModuleNotFoundError(f"No module named {name!r} (a reproducer must not need gradcheck)")
-        return None
-sys.meta_path.insert(0, Blocked())
-script, extra = sys.argv[1], sys.argv[2:]
-sys.path[:0] = extra
-sys.argv = [script]
-code = 0
-try:
-    runpy.run_path(script, run_name="__main__")
-except SystemExit as exc:
-    code = exc.code
-assert "gradcheck" not in sys.modules
-print(f"=== EXIT {code}")
-"""
-
-
 def run_script(script: Path, cwd: Path, package: bool = True) -> tuple[int, str]:
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
-    done = subprocess.run([sys.executable, "-I", "-c", BOOT, str(script), *([TESTS] if package else [])],
-                          cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    code = re.search(r"=== EXIT (-?\d+)\s*$", done.stdout)
-    assert code, done.stdout[-3000:]
-    return int(code.group(1)), done.stdout
+    """One reproducer, run where gradcheck cannot be imported, with the user's package on its path or not."""
+    (code, text), = run_scripts([script], cwd, [TESTS] if package else [], timeout=300).values()
+    return code, text
 
 
 def distances(text: str, leaf: str) -> dict[str, float]:
