@@ -32,7 +32,7 @@ from gradcheck.backends import reference_rank
 from gradcheck.check import verdict
 from gradcheck.check.compare import compare_leaf, statistic_scales
 from gradcheck.check.runner import RunOptions, run_case
-from gradcheck.check.tolerance import ToleranceRules
+from gradcheck.check.tolerance import IMPRECISE_FACTOR, IMPRECISE_FLOOR, ToleranceRules
 from gradcheck.frontends.torch import from_torch
 
 MOMENTUM = 0.1
@@ -261,3 +261,33 @@ def test_a_running_mean_wrong_on_one_backend_is_caught_and_blamed_on_it(monkeypa
     bad = {leaf.path: leaf for leaf in res.leaves if leaf.verdict != "agree" and leaf.verdict != "vacuous"}
     assert set(bad) == {"bn1.running_mean", "bn2.running_mean"}, _failing(res)
     assert all(leaf.verdict == "disagree" and leaf.blame == [backend] for leaf in bad.values()), _failing(res)
+
+
+# ---------------------------------------------------------------- float32 measured at the statistic's scale
+def _centred_running_mean(rng, errors: dict[str, float]):
+    """A running mean of centred values (~1e-17 in float64, channel spread ~1) and each backend's float32 result
+    ``errors[name]`` of the spread away from it."""
+    a64 = rng.standard_normal(16) * 1e-17
+    spread = np.full(16, 1.0)
+    a32 = {name: (a64 + e * rng.standard_normal(16) / 4).astype(np.float32) for name, e in errors.items()}
+    return a32, {name: a64 for name in errors}, spread
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_float32_rounding_of_a_centred_running_mean_is_not_imprecise(seed):
+    # torch's CPU batch_norm accumulates in double (error ~1e-9), the tape and jax in float32 (~1e-7): against
+    # the 1e-17 mean alone both are ~1e9 and torch looks "100x better"; at the spread's scale all are rounding.
+    a32, a64, spread = _centred_running_mean(np.random.default_rng(seed), {"tape": 1e-7, "torch": 1e-9, "jax": 1e-7})
+    without = verdict.float32_part(a32, a64, factor=IMPRECISE_FACTOR, floor=IMPRECISE_FLOOR)
+    assert without.verdict == "imprecise"  # what the statistic's own value alone says
+    got = verdict.float32_part(a32, a64, factor=IMPRECISE_FACTOR, floor=IMPRECISE_FLOOR, value_scale=spread)
+    assert got.verdict != "imprecise", got.message
+    assert max(got.errors.values()) < 1e-6
+
+
+@pytest.mark.parametrize("wrong", ["tape", "torch", "jax"])
+def test_a_float32_running_mean_off_by_a_hundredth_of_its_spread_is_still_imprecise(wrong):
+    errors = {"tape": 1e-7, "torch": 1e-7, "jax": 1e-7, wrong: 1e-2}
+    a32, a64, spread = _centred_running_mean(np.random.default_rng(0), errors)
+    got = verdict.float32_part(a32, a64, factor=IMPRECISE_FACTOR, floor=IMPRECISE_FLOOR, value_scale=spread)
+    assert got.verdict == "imprecise" and got.imprecise == [wrong], got.message

@@ -681,13 +681,6 @@ class LinearBottleneck(nn.Module):
         return self.expand(self.project(self.stem(x)))
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "gradcheck.check.verdict.float32_part measures each backend's float32 buffer against its float64 value, "
-    "||a32 - a64|| / ||a64||, and a running mean of centred values is 3e-17 in float64: every backend's error "
-    "is 1e7 to 1e9, and torch, whose CPU batch_norm accumulates its mean more precisely, makes the tape and "
-    "jax '10x further' (Hugging Face MobileNetV2 seed 0, EfficientNet at 64x64). The float64 comparison of "
-    "buffers already has the statistic's value scale (compare.statistic_scales); float32_part needs it as a "
-    "floor under ||a64||"))
 def test_a_running_mean_of_centred_values_is_not_float32_imprecise():
     torch.manual_seed(0)
     r = run_case(from_torch(LinearBottleneck(), _x(2, 3, 34, 34)), RunOptions(backends=ALL))

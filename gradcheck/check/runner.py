@@ -363,7 +363,7 @@ def _compare(cr: CaseRun, runs: dict[str, BackendRun], options: RunOptions, res:
             tol = rules.resolve(path, "float32", layer)
             leaf.float32 = verdict.float32_part({b: get(r.ev32) for b, r in runs.items() if r.ev32 is not None},
                                                 {b: get(r.ev64) for b, r in runs.items()},
-                                                tol.imprecise_factor, tol.imprecise_floor)
+                                                tol.imprecise_factor, tol.imprecise_floor, value_scale)
         return leaf
 
     # Forward outputs first: a forward disagreement explains any gradient one.

@@ -191,21 +191,27 @@ def nondeterminism(leaf: LeafResult, limit: float) -> None:
 
 
 # ---------------------------------------------------------------- float32: measured against float64
-def rel_error(a, b) -> float | None:
-    """``||a - b|| / ||b||`` in float64, or None when it is undefined (missing, shape, non-finite, ||b|| = 0)."""
+def rel_error(a, b, scale=None) -> float | None:
+    """``||a - b|| / ||b||`` in float64, or None when it is undefined (missing, shape, non-finite, ||b|| = 0).
+
+    ``scale``, for a running statistic (``compare.statistic_scales``): the scale of the values it summarises,
+    added to ``|b|`` element by element as the float64 comparison adds it.  A running mean of centred values is
+    ~1e-17 in float64, and every float32 error relative to that alone is huge, precise backend or not."""
     if a is None or b is None or a is MISSING or b is MISSING:
         return None
     a, b = np.asarray(a), np.asarray(b)
     if a.shape != b.shape or not (np.isfinite(a).all() and np.isfinite(b).all()):
         return None
-    nb = float(np.linalg.norm(b.astype(np.float64, copy=False).ravel()))
+    b = b.astype(np.float64, copy=False)
+    nb = float(np.linalg.norm((b if scale is None else np.abs(b) + np.asarray(scale, np.float64)).ravel()))
     if nb == 0:
         return None
     return float(np.linalg.norm(np.subtract(a, b, dtype=np.float64).ravel())) / nb
 
 
-def float32_part(arrays32: dict, arrays64: dict, factor: float, floor: float) -> Float32Result:
-    """Each backend's float32 result against its own float64 one, and who is imprecise (see the module doc)."""
+def float32_part(arrays32: dict, arrays64: dict, factor: float, floor: float, value_scale=None) -> Float32Result:
+    """Each backend's float32 result against its own float64 one, and who is imprecise (see the module doc).
+    ``value_scale``: a running statistic's scale (``rel_error``)."""
     out = Float32Result()
     problems, broken, nonfinite = [], [], []
     for name in sorted(arrays32, key=reference_rank):
@@ -227,7 +233,7 @@ def float32_part(arrays32: dict, arrays64: dict, factor: float, floor: float) ->
         elif not np.isfinite(a).all() and np.isfinite(b).all():
             nonfinite.append(name)
         else:
-            e = rel_error(a, b)
+            e = rel_error(a, b, value_scale)
             if e is not None:
                 out.errors[name] = e
     if broken:
