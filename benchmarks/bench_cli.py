@@ -10,6 +10,12 @@ start to exit, imports included), ``--runs`` times each, alternating:
   torch eager and in jax (jit compilation included), each in float32 and
   float64: the least work that yields what the harness compares.
 
+Caches: the bare script and the cold harness run without jax's persistent
+compilation cache (``GRADCHECK_NO_CACHE=1``, ``--no-cache``): both compile
+everything.  The warm harness runs with a cache folder that one unmeasured run
+filled before the first round: a second ``gradcheck run`` on the same model.
+Each round runs bare, cold harness and warm harness, in that order.
+
 Also: the harness's peak resident memory (the child's ``ru_maxrss``, from
 ``wait4``) and, from one extra in-process run, where the harness's time goes
 (model build and reference forward, each backend, referee, comparison; imports of
@@ -38,33 +44,44 @@ def main(argv=None):
     p.add_argument("--model", default="resnet18")
     args = p.parse_args(argv)
     env = _common.thread_env(THREADS)
-    out = {"figure": 2, "threads": THREADS, "machine": _common.machine(), "harness": [], "bare": []}
+    cold_env = {**env, "GRADCHECK_NO_CACHE": "1"}
+    out = {"figure": 2, "threads": THREADS, "machine": _common.machine(), "harness": [], "warm": [], "bare": []}
     with tempfile.TemporaryDirectory() as tmp:
-        harness_cmd = _common.gradcheck_cli() + ["run", args.model, "--output", tmp, "-q", "--no-cache"]  # cold, as the bare script
-        bare_cmd = [sys.executable, os.path.join(HERE, "bare_resnet18.py"), "--json", os.path.join(tmp, "bare.json")]
-        out["harness_command"] = "gradcheck run " + args.model
-        out["bare_command"] = "python benchmarks/bare_resnet18.py"
+        cache = os.path.join(tmp, "cache")
+        harness = _common.gradcheck_cli() + ["run", args.model, "--output", tmp, "-q"]
+        commands = {"harness": (harness + ["--no-cache"], cold_env), "warm": (harness + ["--cache-dir", cache], env),
+                    "bare": ([sys.executable, os.path.join(HERE, "bare_resnet18.py"), "--json",
+                              os.path.join(tmp, "bare.json")], cold_env)}
+        out["harness_command"] = f"gradcheck run {args.model} --no-cache"
+        out["warm_command"] = f"gradcheck run {args.model} --cache-dir DIR (DIR filled by one run before)"
+        out["bare_command"] = "GRADCHECK_NO_CACHE=1 python benchmarks/bare_resnet18.py"
+        _harness_run(*commands["warm"], tmp)  # fills the cache
         for _ in range(args.runs):
-            h = _common.run_child(harness_cmd, env=env, cwd=tmp)
-            if h["returncode"] not in (0, 1):
-                raise SystemExit(f"gradcheck run failed ({h['returncode']}):\n{h['stderr'][-3000:]}")
-            h["case"] = _case_record(os.path.join(tmp, "results.jsonl"))
-            out["harness"].append(_slim(h))
-            b = _common.run_child(bare_cmd, env=env, cwd=tmp)
+            b = _common.run_child(commands["bare"][0], env=cold_env, cwd=tmp)
             if b["returncode"] != 0:
                 raise SystemExit(f"bare script failed:\n{b['stderr'][-3000:]}")
             with open(os.path.join(tmp, "bare.json"), encoding="utf-8") as fh:
                 b["marks"] = json.load(fh)["marks"]
             out["bare"].append(_slim(b))
-    h_wall = statistics.median(r["wall"] for r in out["harness"])
-    b_wall = statistics.median(r["wall"] for r in out["bare"])
+            for side in ("harness", "warm"):
+                out[side].append(_harness_run(*commands[side], tmp))
+    med = {side: statistics.median(r["wall"] for r in out[side]) for side in ("harness", "warm", "bare")}
     out["summary"] = {
-        "harness_wall_median": h_wall, "bare_wall_median": b_wall, "ratio": h_wall / b_wall,
+        "harness_wall_median": med["harness"], "warm_wall_median": med["warm"], "bare_wall_median": med["bare"],
+        "ratio": med["harness"] / med["bare"], "warm_ratio": med["warm"] / med["bare"],
         "harness_peak_rss_mib": max(r["peak_rss_mib"] for r in out["harness"]),
         "bare_peak_rss_mib": max(r["peak_rss_mib"] for r in out["bare"]),
     }
     out["breakdown"] = breakdown(args.model)
     _common.write(out, args.json)
+
+
+def _harness_run(cmd, env, tmp) -> dict:
+    h = _common.run_child(cmd, env=env, cwd=tmp)
+    if h["returncode"] not in (0, 1):
+        raise SystemExit(f"gradcheck run failed ({h['returncode']}):\n{h['stderr'][-3000:]}")
+    h["case"] = _case_record(os.path.join(tmp, "results.jsonl"))
+    return _slim(h)
 
 
 def _slim(rec: dict) -> dict:

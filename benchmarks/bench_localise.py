@@ -11,6 +11,11 @@ backends' runs, the per-leaf referee, float64's reach, the per-layer replay.
 
     env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python benchmarks/bench_localise.py --pairs 2 \\
         --json benchmarks/results/localise.json
+
+With ``--model zoo`` the case is gradcheck's own ``resnet18`` (what ``gradcheck
+run resnet18`` checks), and the failing variant's wrong VJP is torch's
+convolution in ``layer3.0.conv1`` (the one convolution with a 256x128x3x3
+weight), its gradient with respect to its input 1 % too large.
 """
 
 from __future__ import annotations
@@ -27,7 +32,33 @@ import _common  # noqa: E402
 FACTOR = 1.01  # the wrong backward's factor
 
 
-def child(variant: str, seed: int) -> dict:
+def _zoo_case(variant: str, seed: int):
+    """gradcheck's own ResNet-18 as ``gradcheck run resnet18`` builds it; failing: torch's VJP of one conv wrong."""
+    import torch
+
+    from gradcheck.app import targets
+    from gradcheck.backends.torch import ops as torch_ops
+
+    if variant == "failing":
+        class Scaled(torch.autograd.Function):
+            @staticmethod
+            def forward(ctx, w):
+                return w.clone()
+
+            @staticmethod
+            def backward(ctx, g):
+                return g * FACTOR
+
+        original = torch_ops.conv
+
+        def conv(x, w, *args, **kwargs):
+            return original(Scaled.apply(x) if tuple(w.shape) == (256, 128, 3, 3) else x, w, *args, **kwargs)
+
+        torch_ops.conv = conv
+    return targets.resolve(["resnet18"], targets.Request(seed=seed))[0]
+
+
+def child(variant: str, seed: int, model_name: str = "from_torch") -> dict:
     """One run in this process: the case's verdict, origin, and seconds per phase."""
     import torch
     from torch_models import ResNet18
@@ -56,13 +87,17 @@ def child(variant: str, seed: int) -> dict:
         def forward(self, x):
             return Wrong.apply(x)
 
-    torch.manual_seed(seed)
-    model = ResNet18()
-    if variant == "failing":
-        model.layer3[1].conv2 = torch.nn.Sequential(model.layer3[1].conv2, WrongBackward())
-    x = torch.randn(1, 3, 224, 224, generator=torch.Generator().manual_seed(seed))
     c0, t0 = time.process_time(), time.perf_counter()
-    case = gradcheck.from_torch(model.train(), x, seed=seed)
+    if model_name == "zoo":
+        case = _zoo_case(variant, seed)
+    else:
+        torch.manual_seed(seed)
+        model = ResNet18()
+        if variant == "failing":
+            model.layer3[1].conv2 = torch.nn.Sequential(model.layer3[1].conv2, WrongBackward())
+        x = torch.randn(1, 3, 224, 224, generator=torch.Generator().manual_seed(seed))
+        c0, t0 = time.process_time(), time.perf_counter()
+        case = gradcheck.from_torch(model.train(), x, seed=seed)
     phases["capture"] = time.perf_counter() - t0
     res = runner.run_case(case, runner.RunOptions())
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
@@ -86,18 +121,20 @@ def _localise_seconds(loc) -> dict:
 
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "--child":
-        print(json.dumps(child(sys.argv[2], int(sys.argv[3]))))
+        print(json.dumps(child(sys.argv[2], int(sys.argv[3]), sys.argv[4])))
         return
     threads = _common.setup_threads()
     p = _common.parser(__doc__.splitlines()[0])
     p.add_argument("--pairs", type=int, default=2)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--model", choices=("from_torch", "zoo"), default="from_torch",
+                   help="from_torch: torchvision's ResNet-18 through from_torch; zoo: gradcheck run resnet18's case")
     args = p.parse_args()
     env = {**_common.thread_env(threads), "GRADCHECK_NO_CACHE": "1"}
     runs: dict[str, list[dict]] = {"plain": [], "failing": []}
     for i in range(args.pairs):
         for variant in runs:
-            out = _common.run_child([sys.executable, __file__, "--child", variant, str(args.seed)], env=env)
+            out = _common.run_child([sys.executable, __file__, "--child", variant, str(args.seed), args.model], env=env)
             if out["returncode"] != 0:
                 sys.exit(f"{variant} run {i} failed:\n{out['stderr'][-3000:]}")
             got = json.loads(out["stdout"].strip().splitlines()[-1])
@@ -114,7 +151,7 @@ def main() -> None:
           f"case CPU {ratio['cpu']:.2f}x")
     if args.json:
         with open(args.json, "w", encoding="utf-8") as fh:
-            json.dump({"machine": _common.machine(), "threads": threads, "runs": runs, "median": med,
+            json.dump({"machine": _common.machine(), "threads": threads, "model": args.model, "runs": runs, "median": med,
                        "ratio": ratio}, fh, indent=1)
 
 

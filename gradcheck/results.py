@@ -202,6 +202,9 @@ class Timing:
     first: float | None = None  # seconds, first float32 call (includes compilation: time to first gradient)
     second: float | None = None  # seconds, a second float32 call (backends that compile only; None for eager ones)
     float64: float | None = None  # seconds, the float64 call (compilation included)
+    # seconds tracing and lowering ahead of the eager backends, whose runs then overlap the compilation
+    # (runner._prepare_compiled); the calls above then include only the wait for it
+    prepare: float | None = None
 
 
 @dataclass

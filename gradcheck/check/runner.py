@@ -144,6 +144,10 @@ class CaseRun:
         # What rounding in the loss works on: the referee's resolution floor.
         self.loss_abs = float(sum(np.sum(np.abs(np.asarray(o, np.float64) * r)) for o, r in zip(outs, self.cotangents64)))
         self.n_out = len(outs)
+        # The cross-check losses, made once: jax keys what it compiled by the function object, so every later
+        # float64 call at a moved point (float64's reach, the referee's slope) reuses the program already built.
+        self.f64 = self.loss_fn(self.cotangents64)
+        self.f32 = self.loss_fn(self.cotangents32)
         self._loss_noise: float | None = None
         # What the localise check found (gradcheck.check.localise), for the checks after it (gradcheck.repro).
         self.localisation: localise.Localisation | None = None
@@ -193,7 +197,7 @@ class CaseRun:
         """The float64 loss with some leaves replaced, and how many kink decisions differ from the reference's."""
         args = [replace_leaves(a, replaced, p) for a, p in zip(self.args64, self.prefixes)]
         with kinks.recording(stats=False, hold=self.kinks) as rec:
-            loss = float(self.loss_fn(self.cotangents64)(*args)[0])
+            loss = float(self.f64(*args)[0])
         return loss, kinks.differing(self.kinks, rec)
 
 
@@ -273,18 +277,42 @@ def _nothing_compared(ran: list[str], referee: str, res: CaseResult | None = Non
 
 
 def _run_backends(cr: CaseRun, options: RunOptions, res: CaseResult) -> dict[str, BackendRun]:
-    f64 = cr.loss_fn(cr.cotangents64)
-    f32 = cr.loss_fn(cr.cotangents32)
+    f64, f32 = cr.f64, cr.f32
     runs: dict[str, BackendRun] = {}
     # What every backend is handed must come back unchanged: one that writes into its inputs or parameters
     # is reported, and the next backend gets the case's values again.
     before = {"64": localise.snapshot(cr.args64, cr.prefixes)}
     if cr.args32 is not None:
         before["32"] = localise.snapshot(cr.args32, cr.prefixes)
+    _prepare_compiled(cr, options, res, f64, f32)
     for name in options.backends:
         _evaluate_backend(name, cr, options, res, runs, f64, f32)
         cr.restore_changed(name, before, res)
     return runs
+
+
+def _prepare_compiled(cr: CaseRun, options: RunOptions, res: CaseResult, f64, f32) -> None:
+    """Start compiling a compiling backend's programs (float64, and float32 pinned) before any backend runs, so
+    that the eager backends run while it compiles (``JaxBackend.prepare``); only when there is an eager backend to
+    overlap.  The seconds spent here tracing are the backend's ``Timing.prepare``.  A call that cannot be prepared
+    is left to the backend's own evaluation, which reports what goes wrong."""
+    drivers = {name: get_backend(name) for name in options.backends}
+    drivers = {name: d for name, d in drivers.items() if d.available()[0]}
+    if all(d.compiles for d in drivers.values()):
+        return
+    for name, driver in drivers.items():
+        if not driver.compiles or not hasattr(driver, "prepare"):
+            continue
+        t0 = time.perf_counter()
+        try:
+            started = driver.prepare(f64, cr.args64, cr.prefixes)
+            if cr.args32 is not None:
+                with kinks.pinned(cr.kinks):
+                    started = driver.prepare(f32, cr.args32, cr.prefixes) or started
+        except Exception:  # noqa: BLE001 - the evaluation that follows meets it again and records it
+            started = False
+        if started:
+            res.timings[name] = Timing(prepare=time.perf_counter() - t0)
 
 
 def _evaluate_backend(name, cr: CaseRun, options: RunOptions, res: CaseResult, runs: dict, f64, f32) -> None:
@@ -294,7 +322,7 @@ def _evaluate_backend(name, cr: CaseRun, options: RunOptions, res: CaseResult, r
     if not ok:
         res.unavailable[name] = why
         return
-    timing = res.timings[name] = Timing()
+    timing = res.timings.setdefault(name, Timing())
     try:
         t0 = time.perf_counter()
         run = BackendRun(driver.evaluate(f64, cr.args64, cr.prefixes))
@@ -451,7 +479,7 @@ def _within_reach(cr: CaseRun, runs: dict[str, BackendRun], leaves: list[LeafRes
         return
     moved = conditioning.perturbed(cr.float_leaves(), cr.case.seed)
     args = [replace_leaves(a, moved, p) for a, p in zip(cr.args64, cr.prefixes)]
-    f64 = cr.loss_fn(cr.cotangents64)
+    f64 = cr.f64
     spreads: dict[str, dict[str, float]] = {leaf.path: {} for leaf in leaves}
     for name, run in runs.items():
         try:
@@ -653,7 +681,7 @@ def _gradients_at(cr: CaseRun, runs) -> ref.GradientsAt | None:
 
     def gradients_at(replaced: dict) -> tuple[str, dict]:
         args = [replace_leaves(a, replaced, p) for a, p in zip(cr.args64, cr.prefixes)]
-        return name, get_backend(name).evaluate(cr.loss_fn(cr.cotangents64), args, cr.prefixes).grads
+        return name, get_backend(name).evaluate(cr.f64, args, cr.prefixes).grads
 
     return gradients_at
 

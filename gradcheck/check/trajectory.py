@@ -123,7 +123,7 @@ def run(cr, names: list[str], options) -> Trajectory:
     trainable = [leaf.path for leaf in leaves if leaf.trainable]
     buffers = [leaf.path for leaf in leaves if leaf.kind == "buffer" and np.asarray(leaf.value).dtype.kind == "f"]
     owners = leaf_owner_types(model, "")
-    f = cr.loss_fn(cr.cotangents64)
+    f = cr.f64
     state = {b: {"model": model, "opt": optimizer(opt_name, lr)} for b in names}
     alive = list(names)
     traj.losses = {b: [] for b in names}

@@ -265,6 +265,59 @@ class JaxBackend(Backend):
 
     def evaluate(self, f, args, prefixes=None, jit=True) -> Evaluation:
         self.require()
+        jax, prefixes, leaves, train, other, train_vals, other_vals, nested, pin, pin_vals, pin_spec = \
+            self._inputs(f, args, prefixes)
+        run, rebuild_cell = self._compiled_run(jax, f, args, prefixes, leaves, train, other, jit and not nested,
+                                               pin_spec)
+        with kinks.suspended():
+            (loss, (arrays, buffers, crossed)), grads = run(train_vals, other_vals, pin_vals, pin)
+        if pin is not None:
+            pin.crossed = [np.asarray(c) for c in crossed]
+        keep = (lambda x: x) if nested else _numpy
+        return Evaluation(
+            value=rebuild_cell["value"]([keep(a) for a in arrays]),
+            grads={leaf.path: keep(g) for leaf, g in zip(train, grads, strict=True)},
+            buffers={path: keep(b) for path, b in buffers.items()},
+            leaves=leaves,
+        )
+
+    def prepare(self, f, args, prefixes=None) -> bool:
+        """Trace and lower ``f`` at ``args`` now, and compile it on a background thread.
+
+        The ``evaluate`` of the same call that follows finds the program compiled,
+        or waits for it.  XLA compiles in C++ without the GIL, so the eager
+        backends run meanwhile; tracing stays on the calling thread, because the
+        op interceptors (kinks, cost, module calls) are process-wide and a trace
+        must not interleave with another backend's forward.  Under the same
+        pinned kinks (``gradcheck.check.kinks.pinned``) as the call it prepares.
+        Returns whether a compilation was started: a call that cannot be
+        prepared (nested in a jax transformation, already compiled, or failing
+        to trace) is left to ``evaluate``, which raises what it raises.
+        """
+        if not self.available()[0]:
+            return False
+        jax, prefixes, leaves, train, other, train_vals, other_vals, nested, pin, pin_vals, pin_spec = \
+            self._inputs(f, args, prefixes)
+        if nested:
+            return False
+        key = _cache_key(f, args, prefixes, leaves, train, pin_spec)
+        if key is None or key in self._compiled:
+            return False
+        try:
+            jitted, rebuild_cell = self._jitted(jax, f, args, prefixes, train, other)
+            lowered = jitted.lower(train_vals, other_vals, pin_vals, _Static(pin))
+        except Exception:  # evaluate traces again and reports it as the case's error
+            return False
+        compiling = _compile_pool().submit(lowered.compile)
+
+        def run(train_vals, other_vals, pin_vals, pin):
+            return compiling.result()(train_vals, other_vals, pin_vals)
+
+        self._remember(key, (run, rebuild_cell))
+        return True
+
+    def _inputs(self, f, args, prefixes):
+        """What a call hands the compiled function: the leaves as jax values, and the pinned kinks' decisions."""
         jax = configure_jax()
         prefixes = arg_prefixes(args, prefixes)
         leaves = all_leaves(args, prefixes)
@@ -282,19 +335,7 @@ class JaxBackend(Backend):
         pin_vals = tuple(jax.device_put(d) for d in decisions)
         pin_spec = tuple((b.op, b.shape, d.shape, str(d.dtype)) for b, d in zip(pin.recording.branches, decisions)
                          ) if pin else None
-        run, rebuild_cell = self._compiled_run(jax, f, args, prefixes, leaves, train, other, jit and not nested,
-                                               pin_spec)
-        with kinks.suspended():
-            (loss, (arrays, buffers, crossed)), grads = run(train_vals, other_vals, pin_vals, pin)
-        if pin is not None:
-            pin.crossed = [np.asarray(c) for c in crossed]
-        keep = (lambda x: x) if nested else _numpy
-        return Evaluation(
-            value=rebuild_cell["value"]([keep(a) for a in arrays]),
-            grads={leaf.path: keep(g) for leaf, g in zip(train, grads, strict=True)},
-            buffers={path: keep(b) for path, b in buffers.items()},
-            leaves=leaves,
-        )
+        return jax, prefixes, leaves, train, other, train_vals, other_vals, nested, pin, pin_vals, pin_spec
 
     # -- compilation and its cache -------------------------------------------
     def _compiled_run(self, jax, f, args, prefixes, leaves, train, other, jit, pin_spec=None):
@@ -302,30 +343,41 @@ class JaxBackend(Backend):
         if key is not None and key in self._compiled:
             self._compiled.move_to_end(key)
             return self._compiled[key]
+        if jit:
+            compiled, rebuild_cell = self._jitted(jax, f, args, prefixes, train, other)
+
+            def run(train_vals, other_vals, pin_vals, pin):
+                return compiled(train_vals, other_vals, pin_vals, _Static(pin))
+        else:
+            run, rebuild_cell = self._grad_run(jax, f, args, prefixes, train, other)
+        entry = (run, rebuild_cell)
+        if key is not None:
+            self._remember(key, entry)
+        return entry
+
+    def _remember(self, key, entry) -> None:
+        self._compiled[key] = entry
+        while len(self._compiled) > self.cache_size:
+            self._compiled.popitem(last=False)
+
+    def _jitted(self, jax, f, args, prefixes, train, other):
+        """``jax.jit`` of the value-and-gradient function; the pin state is Python bookkeeping read while tracing:
+        static, and not part of the key (its decisions are the traced pin_vals; their ops and shapes are)."""
+        grad_run, rebuild_cell = self._grad_run(jax, f, args, prefixes, train, other)
+        return jax.jit(lambda t, o, p, pin_box: grad_run(t, o, p, pin_box.state), static_argnums=3), rebuild_cell
+
+    def _grad_run(self, jax, f, args, prefixes, train, other):
         skeleton = [map_leaves(a, lambda path, v, kind: _PLACEHOLDER, p) for a, p in zip(args, prefixes, strict=True)]
         rebuild_cell: dict = {}
         pure = self._pure(f, skeleton, prefixes, [leaf.path for leaf in train], [leaf.path for leaf in other],
                           rebuild_cell)
         if train:
-            grad_run = jax.value_and_grad(pure, argnums=0, has_aux=True)
-        else:  # nothing to differentiate (every leaf frozen or integer)
-            def grad_run(train_vals, other_vals, pin_vals, pin):
-                return pure(train_vals, other_vals, pin_vals, pin), ()
-        if jit:
-            # The pin state is Python bookkeeping read while tracing: static, and not part of the key (its
-            # decisions are the traced pin_vals; their ops and shapes are in the key).
-            compiled = jax.jit(lambda t, o, p, pin_box: grad_run(t, o, p, pin_box.state), static_argnums=3)
+            return jax.value_and_grad(pure, argnums=0, has_aux=True), rebuild_cell
 
-            def run(train_vals, other_vals, pin_vals, pin):
-                return compiled(train_vals, other_vals, pin_vals, _Static(pin))
-        else:
-            run = grad_run
-        entry = (run, rebuild_cell)
-        if key is not None:
-            self._compiled[key] = entry
-            while len(self._compiled) > self.cache_size:
-                self._compiled.popitem(last=False)
-        return entry
+        def grad_run(train_vals, other_vals, pin_vals, pin):  # nothing to differentiate (every leaf frozen or integer)
+            return pure(train_vals, other_vals, pin_vals, pin), ()
+
+        return grad_run, rebuild_cell
 
     def _pure(self, f, skeleton, prefixes, train_paths, other_paths, rebuild_cell):
         def pure(train_vals, other_vals, pin_vals, pin):
@@ -345,6 +397,21 @@ class JaxBackend(Backend):
             return _scalar_loss(loss), (arrays, buffers, crossed)
 
         return pure
+
+
+_pool = None
+
+
+def _compile_pool():
+    """One background thread for the compilations ``prepare`` starts: XLA already spreads one compilation over
+    the cores, so two at once only contend (measured: float32 and float64 ResNet-18 together took as long as one
+    after the other)."""
+    global _pool
+    if _pool is None:
+        import concurrent.futures
+
+        _pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="gradcheck-jax-compile")
+    return _pool
 
 
 def _numpy(x):

@@ -1,0 +1,118 @@
+"""jax compiles ahead, while the eager backends run, and a case compiles each of its programs once.
+
+``JaxBackend.prepare`` traces and lowers a call on the calling thread and
+compiles it on a background thread; the ``evaluate`` of the same call uses
+that program.  The runner prepares jax's float64 and pinned float32 calls
+before any backend runs (``runner._prepare_compiled``).  What is checked here:
+the prepared program computes exactly what an unprepared one does (float64 and
+pinned float32), a prepared case gives the same verdicts and values, a wrong
+jax gradient is still caught through a prepared program (the negative
+control), a call that fails to trace is reported by the evaluation as before,
+and the case's later float64 calls at a moved point (float64's reach) reuse
+the compiled program instead of tracing again.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+pytest.importorskip("jax")
+pytest.importorskip("torch")
+
+import faults  # noqa: E402
+import gradcheck.layers as L  # noqa: E402
+from gradcheck import ops  # noqa: E402
+from gradcheck.backends import get_backend  # noqa: E402
+from gradcheck.backends.jax.driver import JaxBackend  # noqa: E402
+from gradcheck.case import Case  # noqa: E402
+from gradcheck.check import kinks, runner  # noqa: E402
+from gradcheck.check.runner import CaseRun, RunOptions, run_case  # noqa: E402
+
+ALL = ("tape", "torch", "jax")
+
+
+def dense_relu(rng):
+    return L.Chain(L.Dense(6, 8, activation=ops.relu, rng=rng), L.Dense(8, 3, rng=rng))
+
+
+CASE = Case("dense_relu", dense_relu, lambda rng: (rng.standard_normal((5, 6)),))
+
+
+def _evaluations(prepare: bool, seed: int):
+    """jax's float64 and pinned float32 evaluations of the case, prepared ahead or not, from a fresh driver."""
+    cr = CaseRun(CASE.with_(seed=seed))
+    driver = JaxBackend()
+    if prepare:
+        assert driver.prepare(cr.f64, cr.args64, cr.prefixes)
+        with kinks.pinned(cr.kinks):
+            assert driver.prepare(cr.f32, cr.args32, cr.prefixes)
+        assert driver.traces == 2
+    ev64 = driver.evaluate(cr.f64, cr.args64, cr.prefixes)
+    with kinks.pinned(cr.kinks) as pin:
+        ev32 = driver.evaluate(cr.f32, cr.args32, cr.prefixes)
+        crossed = [np.asarray(c) for c in pin.crossed]
+    assert driver.traces == 2  # each program traced once, ahead or at its first call
+    return ev64, ev32, crossed
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_a_prepared_program_computes_exactly_what_the_unprepared_one_does(seed):
+    ahead, now = _evaluations(True, seed), _evaluations(False, seed)
+    for got, want in zip(ahead[:2], now[:2]):
+        assert got.grads.keys() == want.grads.keys()
+        for path in want.grads:
+            np.testing.assert_array_equal(got.grads[path], want.grads[path], err_msg=path)
+        np.testing.assert_array_equal(got.value[1], want.value[1])
+    assert len(ahead[2]) == len(now[2]) and all(np.array_equal(a, b) for a, b in zip(ahead[2], now[2]))
+
+
+def test_a_case_is_prepared_and_agrees_as_unprepared(monkeypatch):
+    prepared = run_case(CASE, RunOptions(backends=ALL))
+    assert prepared.timings["jax"].prepare is not None and prepared.verdict == "agree"
+    monkeypatch.setattr(runner, "_prepare_compiled", lambda *a: None)
+    plain = run_case(CASE, RunOptions(backends=ALL))
+    assert plain.timings["jax"].prepare is None
+    assert [(x.path, x.verdict) for x in prepared.leaves] == [(x.path, x.verdict) for x in plain.leaves]
+
+
+def test_nothing_is_prepared_without_an_eager_backend_to_overlap():
+    res = run_case(CASE, RunOptions(backends=("jax",)))
+    assert "jax" in res.timings and res.timings["jax"].prepare is None
+
+
+def test_a_wrong_jax_gradient_is_caught_through_a_prepared_program(monkeypatch):
+    faults.wrong_bias_gradient(monkeypatch, "jax")
+    res = run_case(CASE, RunOptions(backends=ALL))
+    assert res.timings["jax"].prepare is not None
+    wrong = [x for x in res.leaves if x.verdict == "disagree"]
+    assert wrong and all(x.path.endswith("bias") for x in wrong)
+    assert all(x.blame == ["jax"] for x in wrong)
+
+
+def test_a_call_that_fails_to_trace_is_reported_by_its_evaluation(monkeypatch):
+    from gradcheck.backends.jax import ops as jax_ops
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("a lowering that cannot trace")
+
+    monkeypatch.setattr(jax_ops, "relu", broken)
+    res = run_case(CASE, RunOptions(backends=ALL))
+    assert res.timings["jax"].prepare is None  # nothing started; the evaluation met the error itself
+    assert "a lowering that cannot trace" in res.errors["jax"]
+    assert res.verdict == "error"
+
+
+def test_float64s_reach_reuses_the_compiled_program(monkeypatch):
+    # A wrong gradient on torch makes leaves disagree, so float64's reach evaluates every backend once more at
+    # a moved point: the same loss function at the same shapes, which jax must not trace again.
+    faults.wrong_bias_gradient(monkeypatch, "torch")
+    driver = get_backend("jax")
+    reached = []
+    within = runner._within_reach
+    monkeypatch.setattr(runner, "_within_reach", lambda cr, runs, leaves, res: (
+        reached.append((driver.traces, bool(leaves))), within(cr, runs, leaves, res), reached.append(driver.traces)))
+    res = run_case(CASE, RunOptions(backends=ALL, referee="off"))
+    assert res.verdict == "disagree"
+    (before, probed), after = reached
+    assert probed and after == before
