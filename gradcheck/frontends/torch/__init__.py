@@ -112,7 +112,7 @@ def from_torch(module, *example_inputs, name: str | None = None, mode: str = "tr
         notes.append(graph.refused)
     for path, kind in program.wrapper.dropped.items():
         notes.append(f"output {path} ({kind}) is not a tensor: the module's state, not compared")
-    notes += facts.describe(graph)
+    notes += facts.describe(graph, program.wrapper.held)
     for why in graph.problems.values():
         notes.append(f"tape and jax cannot run this graph: {why}")
     return Case(name=label, build=build, inputs=inputs, dtype=case_dtype, mode=mode, seed=seed,

@@ -62,9 +62,22 @@ _DRAW_NAMES = {"aten.native_dropout.default": "dropout", "aten.dropout.default":
                "aten._scaled_dot_product_flash_attention_for_cpu.default": "attention dropout"}
 
 
-def describe(graph) -> list[str]:
-    """One note per fact the case holds: conventions by leaf, then the random draws and detached values."""
-    notes = []
+def _held_input(graph, node, held: dict) -> int | None:
+    """The index of the held input (``capture.hold_undifferentiable``) a detach node detaches, or None."""
+    arg = node.args[0] if node.args else None
+    binding = graph.inputs.get(arg.name) if getattr(arg, "op", None) == "placeholder" else None
+    return binding.index if binding is not None and binding.kind == "input" and binding.index in held else None
+
+
+def describe(graph, held: dict | None = None) -> list[str]:
+    """One note per fact the case holds: conventions by leaf, then the random draws and detached values.
+
+    ``held``: the inputs torch declares not differentiable, by index, and why
+    (``capture.hold_undifferentiable``); each is named, not counted among the
+    detached values."""
+    held = held or {}
+    notes = [f"input {i} is {why}, which torch declares not differentiable: it is held as the case's constant on "
+             "every backend (no gradient), and the referee holds it fixed" for i, why in sorted(held.items())]
     for node in graph.nodes:
         if node.op != "call_function":
             continue
@@ -87,7 +100,7 @@ def describe(graph) -> list[str]:
                          "parameter, torch's convention; every backend follows it and the referee holds the "
                          "renormalisation fixed")
     detached = [n for n in graph.nodes if n.op == "call_function" and str(n.target) == "aten.detach.default"
-                and n.name not in graph.constants and n.users]
+                and n.name not in graph.constants and n.users and _held_input(graph, n, held) is None]
     if detached:
         notes.append(f"the forward detaches {len(detached)} value{'s' if len(detached) > 1 else ''} (.detach(), "
                      "no_grad): every backend gives them no gradient, and the referee holds them fixed at the "
