@@ -21,6 +21,7 @@ pytest.importorskip("jax")
 pytest.importorskip("torch")
 
 import faults  # noqa: E402
+
 import gradcheck.layers as L  # noqa: E402
 from gradcheck import ops  # noqa: E402
 from gradcheck.backends import get_backend  # noqa: E402
