@@ -32,27 +32,34 @@ import _common  # noqa: E402
 FACTOR = 1.01  # the wrong backward's factor
 
 
+def _wrong_backward():
+    """An identity whose backward is ``FACTOR`` times too large: the benchmark's one wrong VJP."""
+    import torch
+
+    class Wrong(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x.clone()
+
+        @staticmethod
+        def backward(ctx, g):
+            return g * FACTOR
+
+    return Wrong
+
+
 def _zoo_case(variant: str, seed: int):
     """gradcheck's own ResNet-18 as ``gradcheck run resnet18`` builds it; failing: torch's VJP of one conv wrong."""
-    import torch
 
     from gradcheck.app import targets
     from gradcheck.backends.torch import ops as torch_ops
 
     if variant == "failing":
-        class Scaled(torch.autograd.Function):
-            @staticmethod
-            def forward(ctx, w):
-                return w.clone()
-
-            @staticmethod
-            def backward(ctx, g):
-                return g * FACTOR
-
+        wrong = _wrong_backward()
         original = torch_ops.conv
 
         def conv(x, w, *args, **kwargs):
-            return original(Scaled.apply(x) if tuple(w.shape) == (256, 128, 3, 3) else x, w, *args, **kwargs)
+            return original(wrong.apply(x) if tuple(w.shape) == (256, 128, 3, 3) else x, w, *args, **kwargs)
 
         torch_ops.conv = conv
     return targets.resolve(["resnet18"], targets.Request(seed=seed))[0]
@@ -74,21 +81,14 @@ def child(variant: str, seed: int, model_name: str = "from_torch") -> dict:
     inner_localise = localise.localise
     localise.localise = lambda *a, **k: found.append(inner_localise(*a, **k)) or found[-1]
 
-    class Wrong(torch.autograd.Function):
-        @staticmethod
-        def forward(ctx, x):
-            return x.clone()
-
-        @staticmethod
-        def backward(ctx, g):
-            return g * FACTOR
+    wrong = _wrong_backward()
 
     class WrongBackward(torch.nn.Module):
         def forward(self, x):
-            return Wrong.apply(x)
+            return wrong.apply(x)
 
-    c0, t0 = time.process_time(), time.perf_counter()
     if model_name == "zoo":
+        c0, t0 = time.process_time(), time.perf_counter()  # building gradcheck's own case counts
         case = _zoo_case(variant, seed)
     else:
         torch.manual_seed(seed)
