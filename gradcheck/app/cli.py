@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import os
 import shlex
 import shutil
@@ -72,7 +73,9 @@ def _build_parser() -> argparse.ArgumentParser:
     run.add_argument("-k", dest="keyword", help="only cases whose name contains this (case-insensitive)")
     run.add_argument("--shard", help="I/N: run the I-th of N shards (1-based), for a CI matrix; "
                      "a shard with no case exits 0")
+    run.add_argument("--jobs", metavar=KEYS["jobs"].metavar, help=KEYS["jobs"].help)
     run.add_argument("--config", help="TOML file with [tool.gradcheck] settings (default: ./pyproject.toml)")
+    run.add_argument("--memory-limit", metavar=KEYS["memory_limit"].metavar, help=KEYS["memory_limit"].help)
     cache = run.add_mutually_exclusive_group()
     cache.add_argument("--cache-dir", metavar=KEYS["cache_dir"].metavar, help=KEYS["cache_dir"].help)
     cache.add_argument("--no-cache", action="store_true",
@@ -152,7 +155,9 @@ def run_settings(args):
 
 
 def use_compile_cache(args, settings) -> None:
-    """Hand the ``cache_dir`` setting to the jax driver; a folder that was asked for must be writable."""
+    """Hand the ``cache_dir`` setting to gradcheck's caches (jax's compilation cache, at the folder's top level,
+    and from_torch's capture cache, in its ``torch-export`` subfolder: ``gradcheck.cache``); a folder that was
+    asked for must be writable.  ``--no-cache`` turns both off."""
     from gradcheck.app import settings as S
     from gradcheck.app.output import OutputError, check_folder
     from gradcheck.backends.jax import driver as jax_driver
@@ -172,16 +177,46 @@ def use_compile_cache(args, settings) -> None:
     jax_driver.use_compile_cache(settings.cache_dir, where)
 
 
-def cmd_run(args) -> int:
+def run_request(args, settings):
+    """The Request every target is resolved with (``gradcheck.app.targets``)."""
     from gradcheck.app import settings as S
     from gradcheck.app import targets
+
+    return targets.Request(dtype=settings.dtype, seed=settings.seed, batch=S.parse_batch(args.batch),
+                           input_shape=S.parse_input_shape(args.input_shape), mode=settings.mode)
+
+
+def run_options(args, settings):
+    """The runner's options of a run, with the command that re-runs each case alone."""
+    from gradcheck.app import targets
+
+    return dataclasses.replace(settings.run_options(replay=targets.replay(args.targets, settings)),
+                               per_layer=args.per_layer, repro=args.repro)
+
+
+def rebuild_run(args):
+    """``(cases, options)`` of a run built again from its flags, as ``cmd_run`` builds them: what each
+    ``--jobs`` worker process runs (``gradcheck.app.parallel``), with the same compilation cache."""
+    from gradcheck.app import settings as S
+    from gradcheck.app import targets
+
+    settings = run_settings(args)
+    use_compile_cache(args, settings)  # first: building from_torch cases reads the capture cache
+    cases = targets.resolve(args.targets, run_request(args, settings))
+    selected = targets.select(targets.select(cases, args.keyword), shard=S.parse_shard(args.shard))
+    return selected, run_options(args, settings)
+
+
+def cmd_run(args) -> int:
+    from gradcheck.app import parallel, targets
+    from gradcheck.app import settings as S
     from gradcheck.check import runner
 
     settings = run_settings(args)
     # The flags' own values first: a usage error names the flag, whatever backends this machine has.
-    request = targets.Request(dtype=settings.dtype, seed=settings.seed, batch=S.parse_batch(args.batch),
-                              input_shape=S.parse_input_shape(args.input_shape), mode=settings.mode)
+    request = run_request(args, settings)
     shard = S.parse_shard(args.shard)
+    use_compile_cache(args, settings)  # before the targets: building from_torch cases reads the capture cache
     cases = targets.resolve(args.targets, request)
     chosen = targets.select(cases, args.keyword)
     if not chosen:
@@ -195,28 +230,38 @@ def cmd_run(args) -> int:
         return EXIT_OK
     S.require_comparison(settings.backends_or_default(), settings.referee_or_default(), cli=True)
 
-    use_compile_cache(args, settings)
     paths, results_path = _output_paths(args, settings.output)
     if args.repro is not None:
         from gradcheck.app import output
 
         output.check_folder(args.repro, "--repro")
     command = "gradcheck " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:] else "gradcheck run"
-    options = dataclasses.replace(settings.run_options(replay=targets.replay(args.targets, settings)),
-                                  per_layer=args.per_layer, repro=args.repro)
+    options = run_options(args, settings)
+    jobs = min(parallel.resolve_jobs(settings.jobs), len(selected))
     env = runner.environment(seed=settings.seed if settings.seed is not None else 0, command=command)
     progress = Progress(len(selected), quiet=args.quiet)
     started = time.perf_counter()
     interrupted = False
     result = None
     try:
-        result = runner.run(selected, options, results_path=results_path, env=env,
-                            on_case=progress.case_done, on_start=progress.case_start)
+        if jobs > 1:
+            result = parallel.run(selected, options, setup=functools.partial(rebuild_run, args), jobs=jobs,
+                                  results_path=results_path, env=env, on_case=progress.case_done,
+                                  on_start=progress.case_start)
+        else:
+            result = runner.run(selected, options, results_path=results_path, env=env,
+                                on_case=progress.case_done, on_start=progress.case_start)
     except KeyboardInterrupt:
         interrupted = True
+    except parallel.WorkerSetupError as exc:
+        if exc.usage:
+            raise UsageError(str(exc)) from None
+        raise
     progress.close()
-    if result is None:  # interrupted: what finished is on disk
+    if result is None:  # interrupted: what finished is on disk (in the order it finished, under --jobs)
         result = _finished(results_path, env)
+        planned = {c.name: k for k, c in enumerate(selected)}
+        result.cases.sort(key=lambda c: planned.get(c.name, len(planned)))
     result.planned = len(selected)
     result.interrupted = interrupted
     result.env["wall_s"] = round(time.perf_counter() - started, 3)

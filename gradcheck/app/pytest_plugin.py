@@ -172,7 +172,9 @@ def _flag(setting: str) -> str:
 
 
 def _use_compile_cache(setting) -> None:
-    """``cache_dir`` of ``[tool.gradcheck]``: jax's persistent compilation cache for the session's checks."""
+    """``cache_dir`` of ``[tool.gradcheck]``: the folder of the session's persistent caches (jax's compilation
+    cache, and from_torch's captures in its ``torch-export`` subfolder); ``false`` turns both off.  Taken when
+    the session starts, before any target's module is captured."""
     from gradcheck.app.output import OutputError, check_folder
     from gradcheck.backends.jax import driver as jax_driver
 

@@ -48,7 +48,8 @@ class NothingToCompare(SettingsError):
 @dataclass(frozen=True)
 class Key:
     name: str
-    # how values are checked: "backends", "choice", "seed", "number", "positive", "order", "path", "cache", "table"
+    # how values are checked: "backends", "choice", "seed", "number", "positive", "order", "path", "cache", "memory",
+    # "jobs", "table"
     kind: str
     metavar: str
     help: str
@@ -103,9 +104,17 @@ KEYS: dict[str, Key] = {k.name: k for k in (
     Key("output", "path", "DIR", "folder for the reports (default ./gradcheck-report)", example="gradcheck-report",
         check=False),
     Key("cache_dir", "cache", "DIR",
-        "folder of jax's persistent compilation cache, which later runs read instead of compiling again (default: "
-        "the per-user cache folder, ~/.cache/gradcheck/jax on Linux; false in [tool.gradcheck], or --no-cache: none)",
+        "folder of gradcheck's persistent caches, which later runs read instead of compiling or capturing again: "
+        "jax's compilation cache, and from_torch's captured graphs in its torch-export subfolder (default: the "
+        "per-user cache folder, ~/.cache/gradcheck/jax on Linux; false in [tool.gradcheck], or --no-cache: neither)",
         example="~/.cache/gradcheck/jax", check=False),
+    Key("memory_limit", "memory", "GiB",
+        "the most memory a case may be estimated to need, in GiB; a case estimated above it is refused (verdict "
+        "error) before it runs (default: what the machine has available; off: no check)", example=8, check=False),
+    Key("jobs", "jobs", "N",
+        "worker processes for a run of several cases: N, or auto (one per core this process may use); each "
+        "worker's BLAS, torch and jax threads are limited to its share of the cores (default 1: every case in "
+        "this process)", example=2, check=False),
     Key("tolerance", "table", "", "tolerance defaults and rules (see gradcheck/check/tolerance.py)", check=False),
 )}
 CHECK_KEYS = tuple(k for k, key in KEYS.items() if key.check)
@@ -158,6 +167,8 @@ class Settings:
     referee_budget_s: float | None = None
     output: str | None = None
     cache_dir: str | bool | None = None  # False: no persistent compilation cache
+    memory_limit: float | None = None  # GiB; inf: no memory check (gradcheck.check.memory)
+    jobs: int | str | None = None  # worker processes of a run; "auto": one per core this process may use
     # The [tool.gradcheck.tolerance] table and where it came from.
     tolerance: tuple[dict, str] | None = field(default=None, compare=False)
     # (rtol, atol, rule name) of every layer that set one, lowest first: each becomes a tolerance
@@ -194,7 +205,7 @@ class Settings:
         from gradcheck.check.runner import RunOptions
 
         given = {k: getattr(self, k) for k in ("referee", "referee_budget_s", "imprecise", "unavailable", "order",
-                                               "steps", "optimizer", "lr")
+                                               "steps", "optimizer", "lr", "memory_limit")
                  if getattr(self, k) is not None}
         return RunOptions(backends=self.backends_or_default(), rules=self.rules(), repeat=repeat, replay=replay,
                           **given)
@@ -260,6 +271,10 @@ def _check(key: Key, value, where: str, spell: Spell, text: bool):
             raise SettingsError(f"{said}: must be a folder (a non-empty string), e.g. {example}; to run without "
                                 "the cache: cache_dir = false, or --no-cache")
         return value
+    if key.kind == "memory":
+        return memory_limit(value, said, example, text)
+    if key.kind == "jobs":
+        return jobs(value, said, example, text)
     if key.kind == "table":
         if not isinstance(value, dict):
             raise SettingsError(f"{said}: must be a table, e.g. [tool.gradcheck.tolerance] (see gradcheck/check/tolerance.py)")
@@ -326,6 +341,32 @@ def non_negative_number(value, said: str, example: str, text: bool = False) -> f
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
         raise SettingsError(problem)
     return float(value)
+
+
+def memory_limit(value, said: str, example: str, text: bool = False) -> float:
+    """GiB > 0, or ``off`` (``false`` in TOML): ``inf``, which never refuses a case (gradcheck.check.memory)."""
+    if value is False or (isinstance(value, str) and value.strip().lower() == "off"):
+        return math.inf
+    problem = (f"{said}: must be a number of GiB > 0 (the most a case may be estimated to need), e.g. {example}, "
+               "or off to run every case whatever its estimate")
+    try:
+        number = non_negative_number(value, said, example, text)
+    except SettingsError:
+        raise SettingsError(problem) from None
+    if number == 0:
+        raise SettingsError(problem)
+    return number
+
+
+def jobs(value, said: str, example: str, text: bool = False) -> int | str:
+    """A number of worker processes >= 1, or ``auto`` (resolved when the run starts: gradcheck.app.parallel)."""
+    if isinstance(value, str) and value.strip().lower() == "auto":
+        return "auto"
+    try:
+        return non_negative_int(value, said, example, text, least=1)
+    except SettingsError:
+        raise SettingsError(f"{said}: must be a number of worker processes >= 1, e.g. {example}, or auto (one per "
+                            "core this process may use)") from None
 
 
 def from_config(path=None) -> tuple[Settings, str]:

@@ -51,7 +51,7 @@ from gradcheck import module, ops
 from gradcheck.backends import default_backends, get_backend, reference_rank
 from gradcheck.backends.base import BackendUnavailable, all_leaves
 from gradcheck.case import Case, cast_floats, materialise
-from gradcheck.check import checks, conditioning, cost, kinks, localise, verdict
+from gradcheck.check import checks, conditioning, cost, kinks, localise, memory, verdict
 from gradcheck.check import referee as ref
 from gradcheck.check.compare import MISSING, compare_leaf, first_in_backward_order, statistic_scales
 from gradcheck.check.errors import internal_error, short_error
@@ -95,6 +95,9 @@ class RunOptions:
     steps: int = 0  # N > 0: N optimiser steps per backend from the same start (gradcheck.check.trajectory)
     optimizer: str = "sgd"  # "sgd" or "adam", written once in float64 (gradcheck.check.trajectory.OPTIMIZERS)
     lr: float | None = None  # None: the optimizer's default (gradcheck.check.trajectory.DEFAULT_LR)
+    # The most a case may be estimated to peak at, in GiB: None measures what the machine can give, inf never
+    # refuses (gradcheck.check.memory: a case that would not fit is an error result, not the OOM killer's)
+    memory_limit: float | None = None
 
     def __post_init__(self):
         if self.imprecise not in verdict.IMPRECISE_POLICIES:
@@ -226,6 +229,14 @@ def run_case(case: Case, options: RunOptions | None = None) -> CaseResult:
         res.verdict = "error"
         return res
     res.params = int(sum(np.size(v) for _, v in cr.model.named_parameters()))
+    # Before any backend: a case that would not fit in memory is refused, not left to the OOM killer (whose
+    # kill would lose every later case too).
+    fits = memory.judge(cr, options)
+    res.notes.extend(fits.notes)
+    if fits.refusal:
+        res.errors["case"] = fits.refusal
+        res.verdict = "error"
+        return res
     runs = _run_backends(cr, options, res)
     try:
         if runs:

@@ -55,6 +55,10 @@ is on by default, in a per-user folder (:func:`default_cache_folder`);
    switched off in jax): left as it is;
 4. the per-user folder.
 
+The setting and the environment are read in ``gradcheck.cache``, which
+also places ``from_torch``'s capture cache in the folder's ``torch-export``
+subfolder (jax reads and evicts only its own top-level ``*-cache`` files).
+
 The cache is jax's, so it serves every jit compilation of the process, not
 only gradcheck's.
 """
@@ -76,6 +80,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from gradcheck import cache as gradcheck_cache
 from gradcheck.backends import backend_of
 from gradcheck.backends.base import (
     Backend,
@@ -111,11 +116,10 @@ def configure_jax():
 
 
 # ---------------------------------------------------------------- the persistent compilation cache
-CACHE_DIR_ENV = "GRADCHECK_CACHE_DIR"
-NO_CACHE_ENV = "GRADCHECK_NO_CACHE"
+CACHE_DIR_ENV, NO_CACHE_ENV = gradcheck_cache.CACHE_DIR_ENV, gradcheck_cache.NO_CACHE_ENV
 JAX_CACHE_DIR_ENV = "JAX_COMPILATION_CACHE_DIR"
 JAX_ENABLE_ENV = "JAX_ENABLE_COMPILATION_CACHE"
-_FALSE_WORDS = ("", "0", "false", "no", "off")
+_FALSE_WORDS = gradcheck_cache.FALSE_WORDS
 
 # jax's options for its persistent cache, and their defaults in jax.
 _JAX_DIR, _JAX_ENABLE = "jax_compilation_cache_dir", "jax_enable_compilation_cache"
@@ -141,29 +145,23 @@ class CacheChoice:
         return self.source != "jax"
 
 
-_setting: tuple[str | bool | None, str] = (None, "cache_dir")  # the cache_dir setting and how it was spelled
 _jax_own: dict | None = None  # jax's cache options as found before gradcheck first changed them
 
 
 def default_cache_folder() -> str:
-    """The per-user folder: ``$XDG_CACHE_HOME/gradcheck/jax`` (``~/.cache/gradcheck/jax``), or the
-    platform's own place on macOS (``~/Library/Caches``) and Windows (``%LOCALAPPDATA%``)."""
-    if sys.platform == "win32" and os.environ.get("LOCALAPPDATA"):
-        return os.path.join(os.environ["LOCALAPPDATA"], "gradcheck", "Cache", "jax")
-    if sys.platform == "darwin":
-        return os.path.join(os.path.expanduser("~"), "Library", "Caches", "gradcheck", "jax")
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "gradcheck", "jax")
+    """The per-user folder (``gradcheck.cache.default_folder``: ``~/.cache/gradcheck/jax`` on Linux)."""
+    return gradcheck_cache.default_folder()
 
 
 def use_compile_cache(setting: str | bool | None, where: str = "cache_dir") -> CacheChoice:
     """Take the ``cache_dir`` setting (a folder, ``False`` for none, ``None`` for unset), spelled ``where``.
 
-    Applied at once if jax is already set up, otherwise before its first
-    compilation; returns the resulting :func:`cache_choice`.
+    The setting is ``gradcheck.cache``'s, so it also places (or turns off)
+    ``from_torch``'s capture cache.  Applied at once if jax is already set
+    up, otherwise before its first compilation; returns the resulting
+    :func:`cache_choice`.
     """
-    global _setting
-    _setting = (setting, where)
+    gradcheck_cache.use(setting, where)
     if _configured:
         _apply_compile_cache(sys.modules["jax"])
     return cache_choice()
@@ -179,15 +177,10 @@ def cache_choice(setting=_GIVEN, where: str = "cache_dir") -> CacheChoice:
     another one is resolved without being applied (to check it first).
     """
     if setting is _GIVEN:
-        setting, where = _setting
-    if setting is False:
-        return CacheChoice(None, where)
-    if setting:
-        return CacheChoice(os.path.expanduser(setting), where)
-    if os.environ.get(NO_CACHE_ENV, "").strip().lower() not in _FALSE_WORDS:
-        return CacheChoice(None, NO_CACHE_ENV)
-    if os.environ.get(CACHE_DIR_ENV, "").strip():
-        return CacheChoice(os.path.expanduser(os.environ[CACHE_DIR_ENV].strip()), CACHE_DIR_ENV)
+        setting, where = gradcheck_cache.given()
+    chosen = gradcheck_cache.choose(setting, where)
+    if chosen is not None:
+        return CacheChoice(chosen.folder, chosen.source)
     own = _jax_own_options()
     if own[_JAX_DIR] or not own[_JAX_ENABLE]:
         return CacheChoice(own[_JAX_DIR] if own[_JAX_ENABLE] else None, "jax")

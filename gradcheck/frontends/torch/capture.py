@@ -146,6 +146,10 @@ class Graph:
     refused: str = ""  # torch.export refused the module and the graph was traced at the example inputs (why)
     verified: bool = False
     export_s: float = 0.0
+    # The capture cache's entry for this graph, (name, folder), when it has one; ``from_cache``: read from it
+    # (not exported in this process).  Either is discarded when the graph fails a check (``model.Program``).
+    entry: tuple[str, str] | None = None
+    from_cache: bool = False
 
 
 _NOT_DIFFERENTIABLE = re.compile(r"function '(\w+)' is not differentiable with respect to argument '(\w+)'")

@@ -42,6 +42,10 @@ from gradcheck.frontends.torch.facts import CaseFacts
 from gradcheck.module import Module, buffer, child, param, static
 from gradcheck.tree import join, leaves_with_paths, owner_of
 
+# How close a graph read from the capture cache must come to the module's own float64 forward, relative to the
+# output's scale: far looser than float64's rounding of a decomposition, far tighter than another computation.
+CACHE_CHECK_RTOL = 1e-6
+
 _RESERVED = frozenset(dir(Module)) | {"training", "_frozen", "_program", "_dropout_seed", "_unit", "record_calls"}
 
 
@@ -122,25 +126,98 @@ class Program:
     # -- capture, on demand per mode -------------------------------------------
     def graph(self, training: bool) -> capture.Graph:
         if training not in self._graphs:
-            import time
-
-            t0 = time.perf_counter()
-            ep = capture.export(self.wrapper, self.example_inputs, training, self.decompose, self.name)
-            graph = capture.read_graph(ep, self.wrapper, len(self.example_inputs), training,
-                                       references.lowerings(self.references, training, self.decompose))
-            graph.export_s = time.perf_counter() - t0
-            names, floats = capture.example_outputs(self.wrapper, self.example_inputs, training)
-            if len(names) != graph.user_outputs:
-                raise capture.CaptureError(
-                    f"{self.name}: the module returns {len(names)} leaves but its graph {graph.user_outputs}; "
-                    "return tensors (in a tuple, list, dict or registered dataclass)")
-            if not any(floats):
-                raise capture.CaptureError(
-                    f"{self.name} returns no float tensor ({', '.join(names) or 'nothing'}); a gradient check "
-                    "needs one: return the logits (or the loss), or pass forward= that does")
-            self._graphs[training] = graph
-            self._outputs[training] = (names, floats)
+            self._capture(training)
         return self._graphs[training]
+
+    def _capture(self, training: bool, cached: bool = True) -> capture.Graph:
+        """Export (or read from the capture cache) the graph of one mode, and the eager output's leaves.
+
+        A graph read from the cache is used only if torch, running it node by
+        node, computes what the module's own forward computes (``_cache_mismatch``);
+        otherwise its entry is deleted and the module exported afresh.
+        """
+        import time
+
+        from gradcheck.frontends.torch import capture_cache
+
+        t0 = time.perf_counter()
+        lowerings = references.lowerings(self.references, training, self.decompose)
+        where = capture_cache.folder() if cached else None
+        name = capture_cache.key(self.wrapper, self.example_inputs, training, self.decompose,
+                                 self.references) if where else None
+        graph = None
+        loaded = capture_cache.load(name, where) if name else None
+        if loaded is not None:
+            ep, record = loaded
+            self.wrapper.held.update({int(k): v for k, v in record["held"].items()})
+            self.wrapper.__dict__["_held_probed"] = True
+            graph = capture.read_graph(ep, self.wrapper, len(self.example_inputs), training, lowerings)
+            graph.entry, graph.from_cache = (name, where), True
+            why = self._cache_mismatch(graph, training)
+            if why:
+                capture_cache.discard(name, where, why)
+                graph = None
+        if graph is None:
+            ep = capture.export(self.wrapper, self.example_inputs, training, self.decompose, self.name)
+            if name and not isinstance(ep, capture._Traced):  # a graph traced at the example is not an export
+                capture_cache.store(name, where, ep, self.wrapper.held)
+            graph = capture.read_graph(ep, self.wrapper, len(self.example_inputs), training, lowerings)
+            graph.entry = (name, where) if name and not isinstance(ep, capture._Traced) else None
+        graph.export_s = time.perf_counter() - t0
+        names, floats = capture.example_outputs(self.wrapper, self.example_inputs, training)
+        if len(names) != graph.user_outputs:
+            raise capture.CaptureError(
+                f"{self.name}: the module returns {len(names)} leaves but its graph {graph.user_outputs}; "
+                "return tensors (in a tuple, list, dict or registered dataclass)")
+        if not any(floats):
+            raise capture.CaptureError(
+                f"{self.name} returns no float tensor ({', '.join(names) or 'nothing'}); a gradient check "
+                "needs one: return the logits (or the loss), or pass forward= that does")
+        self._graphs[training] = graph
+        self._outputs[training] = (names, floats)
+        return graph
+
+    def _cache_mismatch(self, graph, training: bool) -> str:
+        """Why a graph read from the capture cache is not the module's (its outputs, run by torch node by node in
+        float64, differ from the module's own float64 forward), or "".  Both take the same draws (seed 0)."""
+        import torch
+        from torch.utils import _pytree as pytree
+
+        from gradcheck.frontends.torch.eager import TorchFacts
+
+        def f64(t):
+            return t.detach().cpu().double().numpy() if t.is_floating_point() else t.detach().cpu().numpy()
+
+        user = self.wrapper.module
+        values = {n: f64(t) for n, t in list(user.named_parameters()) + list(user.named_buffers())}
+        inputs = tuple(f64(x) for x in self.example_inputs)
+        try:
+            outs = interpreter.torch_run(graph, self._placeholders(graph, values, inputs, np.float64),
+                                         CaseFacts(0, graph))
+            state = {join(capture.ROOT, p): torch.from_numpy(np.array(v)).to(self.device) for p, v in values.items()}
+            with torch.no_grad():
+                module = pytree.tree_leaves(call_torch(self.wrapper, state, tuple(self._tensor(x) for x in inputs),
+                                                       {}, training, TorchFacts(0, graph.draws.expected)))
+        except Exception as exc:  # noqa: BLE001 - a graph that cannot be checked is not used
+            return f"it could not be checked against the module ({type(exc).__name__}: {str(exc)[:200]})"
+        graph_user = [v for (kind, _), v in zip(graph.outputs, outs) if kind == "output"]
+        if len(graph_user) != len(module):
+            return f"its graph returns {len(graph_user)} outputs, the module {len(module)}"
+        for k, (want, got) in enumerate(zip(module, graph_user)):
+            if not isinstance(want, torch.Tensor):
+                continue
+            a, b = want.detach().cpu().numpy(), got.detach().cpu().numpy()
+            if a.shape != b.shape:
+                return f"output {k} has shape {b.shape} in its graph, {a.shape} in the module"
+            if a.dtype.kind != "f":
+                if not np.array_equal(a, b):
+                    return f"output {k} differs from the module's"
+                continue
+            scale = max(1.0, float(np.max(np.abs(a[np.isfinite(a)]), initial=0.0)))
+            if not np.allclose(b, a, rtol=0.0, atol=CACHE_CHECK_RTOL * scale, equal_nan=True):
+                return (f"output {k} differs from the module's float64 forward by up to "
+                        f"{float(np.nanmax(np.abs(b - a))):.3g} (scale {scale:.3g})")
+        return ""
 
     def output_names(self, training: bool) -> list[str]:
         self.graph(training)
@@ -199,6 +276,7 @@ class Program:
         if backend == "numpy":
             if not graph.verified:
                 self._verify(root, graph, values, inputs)
+                graph = self.graph(training)  # a graph from the capture cache that failed a check: the fresh one
             if graph.problems or graph.unfaithful:
                 # The tape and jax cannot run this graph; the referee still can, on torch's float64 forward.
                 return self._select(training, self._call_torch_numpy(root, values, inputs, training))
@@ -250,6 +328,16 @@ class Program:
             if not graph.problems:
                 graph.unfaithful = self._unfaithful(root, graph, values, inputs)
         graph.verified = True
+        if graph.entry and (found or graph.unfaithful):
+            # An entry whose graph fails a check is never used again; one read from the cache gives way to a
+            # fresh capture, which is checked in its turn and decides the case.
+            from gradcheck.frontends.torch import capture_cache
+
+            capture_cache.discard(*graph.entry, "the lowering check or the float64 graph-against-module check "
+                                                "found something")
+            graph.entry = None
+            if graph.from_cache:
+                self._verify(root, self._capture(graph.training, cached=False), values, inputs)
 
     def _unfaithful(self, root, graph, values, inputs) -> str:
         """Why the whole graph's float64 forward differs from the module's, or "".

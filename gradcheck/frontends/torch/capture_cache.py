@@ -1,0 +1,380 @@
+"""The capture cache: a module's exported, decomposed program kept on disk, so the next run need not export it.
+
+``torch.export`` and ``run_decompositions`` are deterministic for a given
+module, inputs and torch, and they are most of what building a
+``from_torch`` case costs.  An entry is the ``ExportedProgram`` as
+``torch.export.save`` writes it (nodes, their ``nn_module_stack``,
+``stack_trace`` and shapes; the weights' values are left out, as the graph
+binds the module's own), with a small JSON record of the graph's node
+names and op targets and the float inputs the forward holds
+(``capture.hold_undifferentiable``).
+
+The key (:func:`key`) covers what can change the captured graph: the source
+of every module class of the model that torch does not define (and of the
+file it is in), each submodule's attributes, training flag, parameter and
+buffer names, shapes, dtypes and ``requires_grad``; the ``forward=`` and
+``references=`` functions (their source, closures and the globals they
+read); the example inputs' shapes, dtypes and devices; the decomposition;
+torch's and Python's versions; and gradcheck's version and the source of
+this frontend.  A model whose source cannot be read (a class made in a
+REPL or by ``type(...)``) is captured without the cache, with a debug note.
+
+An entry is never trusted on its key alone: ``model.Program`` checks a
+loaded graph against the module's own forward before using it, and the
+lowering check and the float64 graph-against-module check run on it as on
+a fresh capture; an entry that fails to load or fails a check is deleted
+and the module captured afresh.  Writes go to a temporary file renamed into
+place, so a concurrent run reads a whole entry or none.  The folder keeps
+at most ``MAX_BYTES``; the least recently used entries go first.  Delete
+the folder to clear it (``gradcheck.cache``: ``<cache_dir>/torch-export``).
+"""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import inspect
+import json
+import logging
+import os
+import re
+import sys
+import tempfile
+import types
+import warnings
+
+import numpy as np
+import torch
+
+log = logging.getLogger("gradcheck.capture_cache")
+
+FORMAT = 1  # the layout of an entry; a change makes every older entry a miss
+MAX_BYTES = 512 * 2**20  # the folder's bound: least recently used entries are deleted past it
+SUFFIX = ".pt2"
+_RECORD = "gradcheck.json"  # the entry's own record, in torch.export.save's extra files
+_OWN_DIR = os.path.dirname(os.path.abspath(__file__))
+_warned: set[str] = set()
+
+
+class CaptureCacheWarning(UserWarning):
+    """The capture cache's folder cannot be used; modules are captured without it."""
+
+
+class Uncacheable(Exception):
+    """What the key needs cannot be read (the source of a class defined in a REPL)."""
+
+
+# ---------------------------------------------------------------- the key
+def key(wrapper, example_inputs: tuple, training: bool, decompose: str, references: dict) -> str | None:
+    """The entry's name for this capture, or None (with a debug note) when the model cannot be keyed."""
+    try:
+        parts = {
+            "format": FORMAT,
+            "torch": torch.__version__,
+            "python": list(sys.version_info[:3]),
+            "gradcheck": _gradcheck_version(),
+            "frontend": _frontend_hash(),
+            "training": bool(training),
+            "decompose": decompose,
+            "default dtype": str(torch.get_default_dtype()),
+            "inputs": [_tensor_spec(x) for x in example_inputs],
+            "forward": _function(wrapper._forward) if wrapper._forward is not None else None,
+            "references": {op: _function(fn) for op, fn in sorted((references or {}).items())},
+            "modules": _modules(wrapper.module),
+        }
+    except Uncacheable as exc:
+        log.debug("from_torch captures %s without the capture cache: %s", type(wrapper.module).__name__, exc)
+        return None
+    text = json.dumps(parts, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:40]
+
+
+def _gradcheck_version() -> str:
+    # From the installed distribution, as the run's environment records it (runner.environment): importing the
+    # package here would close an import circle (gradcheck -> frontends.torch -> model -> this module).
+    import importlib.metadata
+
+    try:
+        return importlib.metadata.version("gradcheck")
+    except importlib.metadata.PackageNotFoundError:
+        return ""
+
+
+_frontend: str | None = None
+
+
+def _frontend_hash() -> str:
+    """This frontend's source: a change to how gradcheck captures makes every entry a miss."""
+    global _frontend
+    if _frontend is None:
+        h = hashlib.sha256()
+        for path in sorted(glob.glob(os.path.join(_OWN_DIR, "*.py"))):
+            with open(path, "rb") as f:
+                h.update(os.path.basename(path).encode() + b"\0" + f.read())
+        _frontend = h.hexdigest()
+    return _frontend
+
+
+def _tensor_spec(x) -> list:
+    return [list(x.shape), str(x.dtype), str(x.device)]
+
+
+def _modules(root) -> list:
+    """Every submodule: its path, class (by source), training flag, parameters, buffers and other attributes."""
+    own = {id(t): f"param {n}" for n, t in root.named_parameters(remove_duplicate=False)}
+    own.update({id(t): f"buffer {n}" for n, t in root.named_buffers(remove_duplicate=False)})
+    out = []
+    for path, m in root.named_modules(remove_duplicate=False):
+        attrs = {}
+        for name, value in sorted(vars(m).items()):
+            if name in ("_parameters", "_buffers", "_modules"):
+                continue
+            attrs[name] = _describe(value, own)
+        out.append({
+            "path": path,
+            "class": _class(type(m)),
+            "training": m.training,
+            "parameters": [[n, _tensor_spec(p), p.requires_grad] if p is not None else [n, None]
+                           for n, p in m._parameters.items()],
+            "buffers": [[n, _tensor_spec(b), n in m._non_persistent_buffers_set] if b is not None else [n, None]
+                        for n, b in m._buffers.items()],
+            "children": [[n, type(c).__qualname__ if c is not None else None] for n, c in m._modules.items()],
+            "attributes": attrs,
+        })
+    return out
+
+
+_classes: dict = {}
+
+
+def _class(cls) -> list:
+    """A class by its name and, for each class of its MRO torch does not define, its source and its file's."""
+    if cls not in _classes:
+        parts = [f"{cls.__module__}.{cls.__qualname__}"]
+        for c in cls.__mro__:
+            if c is object or _torch_defined(c):
+                continue
+            parts.append(_source(c, f"class {c.__qualname__}"))
+        _classes[cls] = parts
+    return _classes[cls]
+
+
+def _torch_defined(obj) -> bool:
+    module = getattr(obj, "__module__", "") or ""
+    return module == "torch" or module.startswith(("torch.", "builtins"))
+
+
+def _source(obj, what: str) -> str:
+    """The hash of ``obj``'s source and of the whole file it is in (the helpers it calls there)."""
+    try:
+        source = inspect.getsource(obj)
+        path = inspect.getsourcefile(obj)
+    except (OSError, TypeError) as exc:
+        raise Uncacheable(f"the source of {what} cannot be read ({exc})") from None
+    h = hashlib.sha256(source.encode())
+    if path and os.path.isfile(path):
+        with open(path, "rb") as f:
+            h.update(f.read())
+    return h.hexdigest()
+
+
+def _function(fn) -> list:
+    """A function by its source, the values it closes over and the globals it reads."""
+    if _torch_defined(fn) or isinstance(fn, types.BuiltinFunctionType):
+        return [getattr(fn, "__module__", ""), getattr(fn, "__qualname__", repr(fn))]
+    code = getattr(fn, "__code__", None)
+    if code is None:  # a callable object: its class
+        return _class(type(fn)) + [_describe(vars(fn), {})] if hasattr(fn, "__dict__") else _class(type(fn))
+    out = [_source(fn, f"function {getattr(fn, '__qualname__', fn)}")]
+    for cell in getattr(fn, "__closure__", None) or ():
+        try:
+            out.append(_describe(cell.cell_contents, {}, depth=1))
+        except ValueError:  # an empty cell
+            out.append(None)
+    globals_ = getattr(fn, "__globals__", {})
+    for name in sorted(set(_names(code))):
+        if name in globals_ and not isinstance(globals_[name], types.ModuleType):
+            out.append([name, _describe(globals_[name], {}, depth=1)])
+    return out
+
+
+def _names(code) -> list[str]:
+    names = list(code.co_names)
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            names += _names(const)
+    return names
+
+
+_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
+
+
+def _describe(value, own: dict, depth: int = 0):
+    """A value as the key holds it: plain values as they are, tensors by spec (and content, unless the module
+    holds them as a parameter or buffer), functions by source, other objects by their attributes."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, (torch.dtype, torch.device, torch.Size, bytes)):
+        return str(value)
+    if isinstance(value, torch.Tensor):
+        if id(value) in own:
+            return own[id(value)]
+        data = value.detach().cpu().contiguous()
+        digest = hashlib.sha256(data.view(torch.uint8).numpy().tobytes() if data.numel() else b"").hexdigest()
+        return ["tensor", _tensor_spec(value), digest]
+    if isinstance(value, np.ndarray):
+        return ["array", list(value.shape), str(value.dtype), hashlib.sha256(value.tobytes()).hexdigest()]
+    if depth > 4:
+        return type(value).__qualname__
+    if isinstance(value, (list, tuple)):
+        return [_describe(v, own, depth + 1) for v in value]
+    if isinstance(value, (set, frozenset)):
+        return sorted(str(_describe(v, own, depth + 1)) for v in value)
+    if isinstance(value, dict):
+        return [[str(k), _describe(v, own, depth + 1)] for k, v in value.items()]
+    if isinstance(value, torch.nn.Module):
+        return ["module", type(value).__qualname__]  # a submodule is keyed where the tree has it
+    if isinstance(value, (types.FunctionType, types.MethodType)):
+        return _function(getattr(value, "__func__", value))
+    if isinstance(value, type):
+        return _class(value)
+    if callable(value) and (_torch_defined(value) or isinstance(value, types.BuiltinFunctionType)):
+        return [getattr(value, "__module__", ""), getattr(value, "__qualname__", repr(value))]
+    if hasattr(value, "__dict__") and not isinstance(value, types.ModuleType):
+        return [type(value).__qualname__, _describe(vars(value), own, depth + 1)]
+    return [type(value).__qualname__, _ADDRESS.sub("", repr(value))]
+
+
+# ---------------------------------------------------------------- the folder
+def folder() -> str | None:
+    """The capture cache's folder, made if need be; None when the cache is off or cannot be written."""
+    from gradcheck import cache
+
+    choice = cache.capture_folder()
+    if choice.folder is None:
+        return None
+    try:
+        os.makedirs(choice.folder, exist_ok=True)
+        fd, probe = tempfile.mkstemp(prefix=".probe.", dir=choice.folder)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        if choice.folder not in _warned:
+            _warned.add(choice.folder)
+            said = "the default folder" if choice.source == "default" else choice.source
+            warnings.warn(CaptureCacheWarning(
+                f"from_torch's capture cache: {said} {choice.folder} cannot be written ({exc.strerror or exc}); "
+                f"modules are captured without it. Give a writable folder (--cache-dir DIR, cache_dir in "
+                f"[tool.gradcheck] or {cache.CACHE_DIR_ENV}=DIR), or turn the caches off (--no-cache or "
+                f"{cache.NO_CACHE_ENV}=1)"), stacklevel=4)
+        return None
+    return choice.folder
+
+
+def path_of(name: str, where: str) -> str:
+    return os.path.join(where, name + SUFFIX)
+
+
+def record_of(ep, held: dict) -> dict:
+    """What an entry says of its graph: every node's name and op, in order, and the held float inputs."""
+    return {"nodes": [[n.name, str(n.target)] for n in ep.graph.nodes], "held": {str(k): v for k, v in held.items()}}
+
+
+def load(name: str, where: str):
+    """``(ExportedProgram, record)`` of the entry, or None if there is none or it cannot be read (then deleted)."""
+    path = path_of(name, where)
+    if not os.path.exists(path):
+        return None
+    extra = {_RECORD: ""}
+    try:
+        ep = torch.export.load(path, extra_files=extra)
+        record = json.loads(extra[_RECORD])
+        _drop_unused_getitems(ep, {n for n, _ in record["nodes"]})
+        if [[n.name, str(n.target)] for n in ep.graph.nodes] != record["nodes"]:
+            raise ValueError("its graph's nodes are not the ones it was saved with")
+    except Exception as exc:  # noqa: BLE001 - a broken entry of any kind is recaptured, never used
+        discard(name, where, f"it cannot be read ({type(exc).__name__}: {str(exc)[:200]})")
+        return None
+    try:
+        os.utime(path)  # its time of last use, for the bound on the folder's size
+    except OSError:
+        pass
+    return ep, record
+
+
+def _drop_unused_getitems(ep, names: set) -> None:
+    """torch.export.load adds a ``getitem`` for each unused output of a multi-output op (``native_dropout``'s
+    mask); those the saved graph did not have are removed, so the graph is node for node the one saved."""
+    import operator
+
+    for node in list(ep.graph.nodes):
+        if node.op == "call_function" and node.target is operator.getitem and not node.users and node.name not in names:
+            ep.graph.erase_node(node)
+
+
+def store(name: str, where: str, ep, held: dict) -> None:
+    """Write the entry atomically (a temporary file renamed into place); a failure only warns."""
+    path = path_of(name, where)
+    fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp" + SUFFIX, dir=where)
+    os.close(fd)
+    weights = dict(ep.state_dict)
+    try:
+        # Without the parameters' and buffers' values: the graph binds the module's own (``capture.read_graph``),
+        # and a ResNet-18's weights are 45 MB where its graph is 0.4 MB.
+        for k, v in weights.items():
+            ep.state_dict[k] = _placeholder(v)
+        with warnings.catch_warnings():  # torch notes that a stride-0 placeholder has no full storage of its own
+            warnings.filterwarnings("ignore", message="No complete tensor found")
+            torch.export.save(ep, tmp, extra_files={_RECORD: json.dumps(record_of(ep, held))})
+        os.replace(tmp, path)
+    except Exception as exc:  # noqa: BLE001 - a program torch cannot serialise is simply not cached
+        log.debug("the capture cache could not store %s: %s: %s", name, type(exc).__name__, exc)
+        _unlink(tmp)
+        return
+    finally:
+        ep.state_dict.update(weights)
+    _bound(where)
+
+
+def _placeholder(t):
+    """A tensor of ``t``'s shape and dtype over a single element (stride 0): what the entry stores for a weight."""
+    z = torch.zeros((), dtype=t.dtype, device="cpu").expand(t.shape)
+    return torch.nn.Parameter(z, requires_grad=t.requires_grad) if isinstance(t, torch.nn.Parameter) else z
+
+
+def discard(name: str, where: str, why: str) -> None:
+    log.debug("the capture cache's entry %s is discarded: %s", name, why)
+    _unlink(path_of(name, where))
+
+
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+
+def _bound(where: str, limit: int = MAX_BYTES) -> None:
+    """Delete the least recently used entries while the folder holds more than ``limit`` bytes, and what a killed
+    process left half-written (a temporary file an hour old; a write in progress is seconds old)."""
+    import time
+
+    for path in glob.glob(os.path.join(where, ".*.tmp" + SUFFIX)):
+        try:
+            if os.stat(path).st_mtime < time.time() - 3600:
+                _unlink(path)
+        except OSError:
+            pass
+    entries = []
+    for path in glob.glob(os.path.join(where, "*" + SUFFIX)):
+        try:
+            st = os.stat(path)
+        except OSError:
+            continue
+        entries.append((st.st_mtime, st.st_size, path))
+    total = sum(size for _, size, _ in entries)
+    for _, size, path in sorted(entries):
+        if total <= limit:
+            break
+        _unlink(path)
+        total -= size
