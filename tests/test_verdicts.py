@@ -376,3 +376,32 @@ def test_a_backend_that_writes_into_its_inputs_is_reported_and_the_next_one_gets
     for x in r.leaves:
         assert all(p.verdict == "agree" for p in x.pairs if {p.backend, p.reference} == {"torch", "jax"}), x.path
         assert set(x.blame) <= {"tape"}, (x.path, x.blame, x.message)
+
+
+@pytest.mark.parametrize("precision", [np.float64, np.float32])
+def test_a_write_in_one_precision_is_caught_against_the_one_snapshot_both_share(monkeypatch, precision):
+    # A float32 case keeps one snapshot, of its float32 arguments; the float64 arguments are checked against it
+    # widened (localise.Widened).  A backend writing into the arguments of one precision only is still caught,
+    # and the next backend is handed the case's own values in that precision.
+    from gradcheck.backends import get_backend
+
+    driver = get_backend("tape")
+    original = driver.evaluate
+
+    def scribbler(f, args, prefixes=None):  # a test double: writes into the first weight in one precision only
+        ev = original(f, args, prefixes)
+        weight = args[0].layers[0].weight
+        if weight.dtype == precision:
+            weight[0, 0] += 1.0
+        return ev
+
+    monkeypatch.setattr(driver, "evaluate", scribbler)
+    case = Case("mlp", lambda rng: L.Chain(L.Dense(3, 4, activation=ops.tanh, rng=rng), L.Dense(4, 2, rng=rng)),
+                lambda rng: (rng.standard_normal((5, 3)),), dtype="float32")
+    r = run_case(case, RunOptions(backends=ALL))
+    bits = "64" if precision == np.float64 else "32"
+    message = r.errors.get("tape (mutates its inputs)", "")
+    assert f"float{bits} call" in message and "0.weight: 1 of 12 elements changed" in message, r.errors
+    assert r.verdict == "error"
+    for x in r.leaves:
+        assert all(p.verdict == "agree" for p in x.pairs if {p.backend, p.reference} == {"torch", "jax"}), x.path

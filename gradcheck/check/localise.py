@@ -73,7 +73,7 @@ replay").
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -685,6 +685,29 @@ def snapshot(args, prefixes) -> dict[str, np.ndarray]:
     return {leaf.path: np.array(ops.to_numpy(leaf.value), copy=True) for leaf in all_leaves(args, prefixes)}
 
 
+class Widened(Mapping):
+    """A float32 ``snapshot`` read as the snapshot of the same arguments widened to float64, one leaf at a time.
+
+    A float32 case's float64 arguments are its float32 ones widened exactly
+    (``runner.CaseRun``), so a second, float64 snapshot would be a copy of
+    every parameter that says nothing the float32 one does not; each leaf is
+    widened when it is read instead (what ``cast_floats`` does to it).
+    """
+
+    def __init__(self, narrow: dict[str, np.ndarray]):
+        self._narrow = narrow
+
+    def __getitem__(self, path: str) -> np.ndarray:
+        v = self._narrow[path]
+        return v.astype(np.float64) if v.dtype.kind == "f" else v
+
+    def __iter__(self):
+        return iter(self._narrow)
+
+    def __len__(self) -> int:
+        return len(self._narrow)
+
+
 def check_unchanged(before, after_args, prefixes) -> list[str]:
     """Leaves of ``after_args`` that differ from ``before`` (a ``snapshot`` taken before the call): one line each.
 
@@ -693,7 +716,7 @@ def check_unchanged(before, after_args, prefixes) -> list[str]:
     or reassigns a field of the caller's module, is reported.  ``before``
     may also be a (deep-copied) argument tuple with the same prefixes.
     """
-    if not isinstance(before, dict):
+    if not isinstance(before, Mapping):
         before = snapshot(before, prefixes)
     after = {leaf.path: leaf.value for leaf in all_leaves(after_args, prefixes)}
     problems = []

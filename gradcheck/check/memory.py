@@ -15,9 +15,9 @@ The estimate (:func:`estimate`) adds, in bytes:
   whatever its size: the backends' modules, compiling (fitted, below);
 * ``parameters``: copies of every float leaf of the model (parameters and
   buffers) held at once.  The float64 and float32 arguments, their
-  snapshots (a backend that writes into them is caught by comparing), and
-  for each backend its float64 and float32 results and its second call's,
-  all held until the comparison: :func:`parameter_copies` counts them in
+  snapshot (a backend that writes into them is caught by comparing), and
+  for each backend its float64 and float32 results, all held until the
+  comparison (a second call's results only while it is reduced to spreads): :func:`parameter_copies` counts them in
   float64 copies, and the fitted factor ``PARAMETER_OVERHEAD`` covers the
   frameworks' own copies on the way in and out and the referee's;
 * ``activations``: what one backward keeps of the forward, with its
@@ -152,16 +152,18 @@ def facts_of(cr) -> Facts:
 def parameter_copies(dtype: str, backends: int, repeat: bool = True) -> float:
     """The copies of the model's float leaves held at once, in float64 copies (a float32 copy is half of one).
 
-    The case's float64 arguments and their snapshot; for a float32 case the
-    float32 arguments and their snapshot too.  Each backend's results are held
-    until the comparison: float64 gradients and buffers, then float32 ones
-    (float32 case) and the second call's (float32, or float64 for a float64
-    case), which tells nondeterminism apart.
+    The case's float64 arguments and one snapshot (a float32 case's float32
+    arguments and their snapshot, which serves the float64 arguments widened:
+    ``localise.Widened``).  Each backend's results are held until the
+    comparison: float64 gradients and buffers, and float32 ones (float32
+    case).  A second call (``repeat``, which tells nondeterminism apart) is
+    reduced to its spreads as soon as it returns, so only the last backend's
+    is held beside everything else, once.
     """
     width = 0.5 if dtype == "float32" else 1.0  # the precision of the case's own (second) call
-    held = 2.0 + (1.0 if dtype == "float32" else 0.0)
-    per_backend = 1.0 + (width if dtype == "float32" else 0.0) + (width if repeat else 0.0)
-    return held + backends * per_backend
+    held = 2.0  # float64 arguments + their snapshot, or float64 + float32 arguments + the float32 snapshot
+    per_backend = 1.0 + (width if dtype == "float32" else 0.0)
+    return held + backends * per_backend + (width if repeat else 0.0)
 
 
 def estimate(facts: Facts, backends: int, repeat: bool = True) -> Estimate:

@@ -49,7 +49,7 @@ import numpy as np
 
 from gradcheck import module, ops
 from gradcheck.backends import default_backends, get_backend, reference_rank
-from gradcheck.backends.base import BackendUnavailable, all_leaves
+from gradcheck.backends.base import BackendUnavailable, Evaluation, all_leaves
 from gradcheck.case import Case, cast_floats, materialise
 from gradcheck.check import checks, conditioning, cost, kinks, localise, memory, verdict
 from gradcheck.check import referee as ref
@@ -210,7 +210,10 @@ class BackendRun:
 
     ev64: object
     ev32: object = None
-    again: object = None  # a second call on the same inputs in the case's precision (nondeterminism), when repeated
+    # How far a second call on the same inputs, in the case's precision, moved from the first, leaf by leaf
+    # (``_spreads``: the first call's shape, a float per array); None when not repeated.  Only the spreads are
+    # kept: holding the second call's results until the comparison would cost a copy of every gradient per backend.
+    spread: object = None
     crossed: list[int] = field(default_factory=list)  # per recorded kink call: elements the float32 run crossed
 
 
@@ -292,9 +295,11 @@ def _run_backends(cr: CaseRun, options: RunOptions, res: CaseResult) -> dict[str
     runs: dict[str, BackendRun] = {}
     # What every backend is handed must come back unchanged: one that writes into its inputs or parameters
     # is reported, and the next backend gets the case's values again.
-    before = {"64": localise.snapshot(cr.args64, cr.prefixes)}
-    if cr.args32 is not None:
-        before["32"] = localise.snapshot(cr.args32, cr.prefixes)
+    if cr.args32 is None:
+        before = {"64": localise.snapshot(cr.args64, cr.prefixes)}
+    else:  # the float64 arguments are the float32 ones widened: one snapshot serves both
+        before = {"32": localise.snapshot(cr.args32, cr.prefixes)}
+        before["64"] = localise.Widened(before["32"])
     _prepare_compiled(cr, options, res, f64, f32)
     for name in options.backends:
         _evaluate_backend(name, cr, options, res, runs, f64, f32)
@@ -351,8 +356,9 @@ def _evaluate_backend(name, cr: CaseRun, options: RunOptions, res: CaseResult, r
         if options.repeat:
             try:
                 t0 = time.perf_counter()
-                run.again = driver.evaluate(f64, cr.args64, cr.prefixes)
+                again = driver.evaluate(f64, cr.args64, cr.prefixes)
                 timing.second = time.perf_counter() - t0 if driver.compiles else None
+                run.spread = _spreads(run.ev64, again)
             except Exception as exc:
                 res.errors[name] = "a second call failed where the first did not: " + short_error(exc)
         return
@@ -362,8 +368,9 @@ def _evaluate_backend(name, cr: CaseRun, options: RunOptions, res: CaseResult, r
         timing.first = time.perf_counter() - t0
         if options.repeat:
             t0 = time.perf_counter()
-            run.again = _float32(driver, f32, cr, res, name)[0]
+            again = _float32(driver, f32, cr, res, name)[0]
             timing.second = time.perf_counter() - t0 if driver.compiles else None
+            run.spread = _spreads(run.ev32, again)
     except Exception as exc:
         res.errors[f"{name} (float32)"] = short_error(exc)
 
@@ -396,8 +403,8 @@ def _compare(cr: CaseRun, runs: dict[str, BackendRun], options: RunOptions, res:
     def judge(path, role, get, layer="", expect_array=True, scale=0.0, value_scale=None):
         leaf = compare_leaf(path, role, {b: get(r.ev64) for b, r in runs.items()}, dtype="float64", rules=rules,
                             layer=layer, expect_array=expect_array, case_scale=scale, value_scale=value_scale)
-        leaf.nondeterministic = {b: d for b, r in runs.items() if r.again is not None
-                                 and (d := _spread(get(r.ev32 if measured else r.ev64), get(r.again)))}
+        leaf.nondeterministic = {b: d for b, r in runs.items() if r.spread is not None
+                                 and (d := get(r.spread)) is not MISSING and d}
         if measured and expect_array and leaf.verdict in ("agree", "disagree"):
             tol = rules.resolve(path, "float32", layer)
             leaf.float32 = verdict.float32_part({b: get(r.ev32) for b, r in runs.items() if r.ev32 is not None},
@@ -525,6 +532,18 @@ def _spread(a, b) -> float:
     scale = float(np.max(np.abs(a), initial=0.0))
     diff = float(np.max(np.abs(a - b), initial=0.0))
     return diff / scale if scale > 0 else float("inf")
+
+
+def _spreads(first: Evaluation, again: Evaluation) -> Evaluation:
+    """``_spread`` of every output, gradient and buffer of two calls, in the first call's shape (a float where
+    it had an array), so that the comparison reads a leaf's spread with the getter it reads the leaf with."""
+    if isinstance(first.value, tuple) and isinstance(again.value, tuple):
+        value = tuple(_spread(a, b) for a, b in zip(first.value, again.value))
+    else:
+        value = _spread(first.value, again.value)
+    return Evaluation(value=value,
+                      grads={p: _spread(v, again.grads.get(p, MISSING)) for p, v in first.grads.items()},
+                      buffers={p: _spread(v, again.buffers.get(p, MISSING)) for p, v in first.buffers.items()})
 
 
 def _case_scale(grad_leaves) -> float:
