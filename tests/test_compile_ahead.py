@@ -14,6 +14,8 @@ the compiled program instead of tracing again.
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 
@@ -117,3 +119,59 @@ def test_float64s_reach_reuses_the_compiled_program(monkeypatch):
     assert res.verdict == "disagree"
     (before, probed), after = reached
     assert probed and after == before
+
+
+# ---------------------------------------------------------------- the cores an eager backend leaves a compilation
+def _blas_threads() -> int:
+    import threadpoolctl
+
+    return max((lib["num_threads"] for lib in threadpoolctl.threadpool_info()), default=1)
+
+
+def test_an_eager_backend_runs_on_half_the_cores_while_jax_compiles_and_gets_them_back(monkeypatch):
+    import torch
+
+    from gradcheck.check import cores
+
+    seen = {}
+    for name in ("tape", "torch"):
+        driver = get_backend(name)
+        original = driver.evaluate
+
+        def spy(f, args, prefixes=None, _name=name, _original=original):
+            seen.setdefault(_name, set()).add((torch.get_num_threads(), _blas_threads()))
+            return _original(f, args, prefixes)
+
+        monkeypatch.setattr(driver, "evaluate", spy)
+    monkeypatch.setattr(cores, "available", lambda: 2)
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    blas = _blas_threads()
+    try:
+        # jax reports a compilation in flight for the whole case: both eager backends run on one core of two
+        monkeypatch.setattr(JaxBackend, "busy", lambda self: True)
+        shared = run_case(CASE, RunOptions(backends=ALL))
+        assert seen == {"tape": {(1, 1)}, "torch": {(1, 1)}}
+        assert torch.get_num_threads() == 2 and _blas_threads() == blas  # given back
+        # nothing in flight: every core, and the same verdicts
+        seen.clear()
+        monkeypatch.setattr(JaxBackend, "busy", lambda self: False)
+        alone = run_case(CASE, RunOptions(backends=ALL))
+        assert seen == {"tape": {(2, blas)}, "torch": {(2, blas)}}
+    finally:
+        torch.set_num_threads(before)
+    assert shared.verdict == alone.verdict == "agree"
+    assert [(x.path, x.verdict) for x in shared.leaves] == [(x.path, x.verdict) for x in alone.leaves]
+
+
+def test_a_prepared_compilation_is_busy_until_it_finishes():
+    cr = CaseRun(CASE.with_(seed=7))
+    driver = JaxBackend()
+    assert not driver.busy()
+    assert driver.prepare(cr.f64, cr.args64, cr.prefixes)
+    driver.evaluate(cr.f64, cr.args64, cr.prefixes)  # waits for the compiled program
+    for _ in range(100):  # the done-callback runs on the compiling thread just after the result is set
+        if not driver.busy():
+            break
+        time.sleep(0.01)
+    assert not driver.busy()

@@ -110,6 +110,11 @@ class Backend:
     # alone); eager backends' calls all cost the same, and the runner calls them once.
     compiles = False
 
+    def busy(self) -> bool:
+        """Whether work this backend started in the background (a compilation ``prepare`` began) is still
+        running: the eager backends then leave it cores (``gradcheck.check.cores``)."""
+        return False
+
     def available(self) -> tuple[bool, str]:
         """(True, version) or (False, why and how to install)."""
         if self.module is None:

@@ -37,6 +37,7 @@ interrupted run loses nothing.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import platform
@@ -51,7 +52,7 @@ from gradcheck import module, ops
 from gradcheck.backends import default_backends, get_backend, reference_rank
 from gradcheck.backends.base import BackendUnavailable, Evaluation, all_leaves
 from gradcheck.case import Case, cast_floats, materialise
-from gradcheck.check import checks, conditioning, cost, kinks, localise, memory, verdict
+from gradcheck.check import checks, conditioning, cores, cost, kinks, localise, memory, verdict
 from gradcheck.check import referee as ref
 from gradcheck.check.compare import MISSING, compare_leaf, first_in_backward_order, statistic_scales
 from gradcheck.check.errors import internal_error, short_error
@@ -302,7 +303,10 @@ def _run_backends(cr: CaseRun, options: RunOptions, res: CaseResult) -> dict[str
         before["64"] = localise.Widened(before["32"])
     _prepare_compiled(cr, options, res, f64, f32)
     for name in options.backends:
-        _evaluate_backend(name, cr, options, res, runs, f64, f32)
+        # An eager backend leaves half the cores to a compilation running beside it (gradcheck.check.cores).
+        beside = not get_backend(name).compiles and any(get_backend(b).busy() for b in options.backends)
+        with cores.shared() if beside else contextlib.nullcontext():
+            _evaluate_backend(name, cr, options, res, runs, f64, f32)
         cr.restore_changed(name, before, res)
     return runs
 

@@ -255,6 +255,10 @@ class JaxBackend(Backend):
     def __init__(self):
         self._compiled: collections.OrderedDict = collections.OrderedDict()
         self.traces = 0  # times f was traced or run eagerly (tests count recompilations)
+        self._pending: set = set()  # compilations prepare started that have not finished
+
+    def busy(self) -> bool:
+        return bool(self._pending)
 
     def evaluate(self, f, args, prefixes=None, jit=True) -> Evaluation:
         self.require()
@@ -302,6 +306,8 @@ class JaxBackend(Backend):
         except Exception:  # evaluate traces again and reports it as the case's error
             return False
         compiling = _compile_pool().submit(lowered.compile)
+        self._pending.add(compiling)
+        compiling.add_done_callback(self._pending.discard)
 
         def run(train_vals, other_vals, pin_vals, pin):
             return compiling.result()(train_vals, other_vals, pin_vals)
