@@ -97,7 +97,10 @@ def _case_record(path: str) -> dict:
 
 
 def breakdown(model: str) -> dict:
-    """Where one in-process ``run_case`` spends its time, by wrapping the runner's stages (timing only)."""
+    """Where one in-process ``run_case`` spends its time, by wrapping the runner's stages (timing only).
+
+    Cold, as the harness runs it: jax's persistent cache off, so that compiling is in the figures."""
+    os.environ["GRADCHECK_NO_CACHE"] = "1"
     import numpy as np  # noqa: F401
 
     from gradcheck.check import runner
@@ -142,6 +145,7 @@ def breakdown(model: str) -> dict:
     spent["other"] = total - sum(spent.values())
     return {"run_case_total": total, "imports_s": imports, "stages": spent, "backends": per_backend,
             "backend_first_second_float64": {b: [t.first, t.second, t.float64] for b, t in result.timings.items()},
+            "prepare": {b: t.prepare for b, t in result.timings.items() if t.prepare is not None},
             "referee_passes": result.referee_passes, "verdict": result.verdict}
 
 

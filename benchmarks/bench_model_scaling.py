@@ -210,8 +210,8 @@ def gradcheck_child(point: dict, seed: int) -> dict:
                                                  if cr.args32 is not None else [], ids),
                "snapshots": _nbytes_held(snapshots[:2], ids)}
         for name, run in runs.items():
-            for part in ("ev64", "ev32", "again"):
-                ev = getattr(run, part)
+            for part in ("ev64", "ev32", "spread"):  # spread: a float per leaf (the second call, reduced)
+                ev = getattr(run, part, None)
                 if ev is not None:
                     out[f"{name} {part}"] = _nbytes_held([ev.value, ev.grads, ev.buffers, ev.leaves], ids)
         return out

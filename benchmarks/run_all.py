@@ -343,7 +343,11 @@ def _cli(c) -> list[str]:
     }
     out += [
         f"Why the ratio: the harness takes {_s(s['harness_wall_median'] - s['bare_wall_median'])} s more. Both "
-        f"sides pay the imports and jax's compilation (the harness's jax first call: {_s(jax_first)} s).",
+        f"sides pay the imports and jax's compilation (the harness's jax first call: {_s(jax_first)} s)."
+        + (f" The harness traces and lowers jax's two programs first ({_s(sum(b['prepare'].values()))} s), then "
+           "compiles them on a background thread while the tape and torch run on half the cores "
+           "(`gradcheck.check.cores`): jax's calls wait for that compilation, and the eager backends' times "
+           "include sharing the cores with it." if b.get("prepare") else ""),
         "Work the bare script does not do: " + ", ".join(f"{k} {_s(v)} s" for k, v in extra.items())
         + f" (together {_s(sum(extra.values()))} s), plus the HTML report and the JSON results.",
         "",
