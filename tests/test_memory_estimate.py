@@ -29,7 +29,13 @@ def run_backends(cr, options, res):
     return inner(cr, options, res)
 runner._run_backends = run_backends
 res = runner.run_case(MODELS[sys.argv[1]].case(), runner.RunOptions(memory_limit=float("inf")))
-peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * (1 if sys.platform == "darwin" else 1024)
+# This process's own high-water mark: ru_maxrss also keeps the RSS of the process that forked it (Linux carries
+# it across exec), so a child of a large pytest process would report the parent's size.
+try:
+    with open("/proc/self/status") as fh:
+        peak = next(int(line.split()[1]) * 1024 for line in fh if line.startswith("VmHWM:"))
+except OSError:
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * (1 if sys.platform == "darwin" else 1024)
 print(json.dumps({"facts": seen, "backends": len(res.timings), "verdict": res.verdict, "peak": peak}))
 """
 
