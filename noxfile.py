@@ -46,7 +46,7 @@ def _install_torch(session):
 
 
 def _install_gradcheck(session, extras=""):
-    session.install("numpy>=1.24", *TEST_DEPS)
+    session.install("numpy>=1.24", "threadpoolctl>=3.0", *TEST_DEPS)  # gradcheck's own dependencies, then the tests
     # --no-deps: the extras' frameworks are installed explicitly by each session.
     session.install("--no-deps", "-e", f".{extras}")
 

@@ -42,6 +42,8 @@ print(json.dumps({"facts": seen, "backends": len(res.timings), "verdict": res.ve
 
 @pytest.mark.parametrize("model", ["mlp", "lenet5"])
 def test_estimate_is_within_its_stated_error_of_the_measured_peak(model):
+    pytest.importorskip("torch")  # the estimate is calibrated on all three backends
+    pytest.importorskip("jax")
     env = {**os.environ, "GRADCHECK_NO_CACHE": "1"}  # compiling is part of a first run's peak
     done = subprocess.run([sys.executable, "-c", MEASURE, model], capture_output=True, text=True, cwd=ROOT, env=env,
                           timeout=600)
@@ -75,7 +77,10 @@ def test_a_case_is_refused_when_memory_is_short_and_the_message_says_why_and_wha
     assert not res.timings, "a refused case must not reach any backend"
     message = res.errors["case"]
     assert "estimated peak" in message and "200 MiB available" in message
-    for way in ("--batch N", "--dtype float64", "--backends torch,jax", "--memory-limit GiB", "--memory-limit off"):
+    ways = ["--batch N", "--dtype float64", "--memory-limit GiB", "--memory-limit off"]
+    if len(memory._runnable(runner.RunOptions().backends)) > 2:  # fewer backends is a way out only with three
+        ways.append("--backends torch,jax")
+    for way in ways:
         assert way in message, way
     assert "saves" in message
 
@@ -187,7 +192,9 @@ def test_nothing_is_refused_where_memory_cannot_be_read(monkeypatch):
 
 # ---------------------------------------------------------------- the command line
 def test_the_cli_exits_non_zero_for_a_refused_case(tmp_path):
-    done = subprocess.run([sys.executable, "-m", "gradcheck", "run", "mlp", "--memory-limit", "0.01", "--no-html",
+    # --backends tape: one that is always installed, so that the run is refused for memory and nothing else
+    done = subprocess.run([sys.executable, "-m", "gradcheck", "run", "mlp", "--backends", "tape", "--memory-limit",
+                           "0.01", "--no-html",
                            "--output", str(tmp_path / "out")], capture_output=True, text=True, cwd=tmp_path,
                           timeout=600)
     assert done.returncode == 1, done.stdout + done.stderr
