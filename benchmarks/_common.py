@@ -152,6 +152,11 @@ def run_child(cmd: list[str], env: dict | None = None, cwd: str | None = None, s
     }
 
 
+def slim(record: dict) -> dict:
+    """A ``run_child`` record without the child's output and command: what a result file keeps."""
+    return {k: v for k, v in record.items() if k not in ("stdout", "stderr", "stderr_lines", "cmd")}
+
+
 def gradcheck_cli() -> list[str]:
     """The ``gradcheck`` command, run through this Python (the console script may not be on PATH)."""
     return [sys.executable, "-m", "gradcheck"]

@@ -62,7 +62,7 @@ def main(argv=None):
                 raise SystemExit(f"bare script failed:\n{b['stderr'][-3000:]}")
             with open(os.path.join(tmp, "bare.json"), encoding="utf-8") as fh:
                 b["marks"] = json.load(fh)["marks"]
-            out["bare"].append(_slim(b))
+            out["bare"].append(_common.slim(b))
             for side in ("harness", "warm"):
                 out[side].append(_harness_run(*commands[side], tmp))
     med = {side: statistics.median(r["wall"] for r in out[side]) for side in ("harness", "warm", "bare")}
@@ -81,11 +81,7 @@ def _harness_run(cmd, env, tmp) -> dict:
     if h["returncode"] not in (0, 1):
         raise SystemExit(f"gradcheck run failed ({h['returncode']}):\n{h['stderr'][-3000:]}")
     h["case"] = _case_record(os.path.join(tmp, "results.jsonl"))
-    return _slim(h)
-
-
-def _slim(rec: dict) -> dict:
-    return {k: v for k, v in rec.items() if k not in ("stdout", "stderr", "stderr_lines", "cmd")}
+    return _common.slim(h)
 
 
 def _case_record(path: str) -> dict:

@@ -96,7 +96,7 @@ def _run(cmd, env, cwd, record) -> dict:
         raise SystemExit(f"{' '.join(cmd[:3])} failed ({done['returncode']}):\n{done['stderr'][-3000:]}")
     with open(os.path.join(cwd, record), encoding="utf-8") as fh:
         rec = json.load(fh)
-    slim = {k: v for k, v in done.items() if k not in ("stdout", "stderr", "stderr_lines", "cmd")}
+    slim = _common.slim(done)
     slim["cpu"] = slim["cpu_user"] + slim["cpu_sys"]
     slim["record"] = {k: rec[k] for k in ("marks", "fwd_bwd_s", "verdict", "leaves_compared", "timings",
                                           "capture_s", "run_case_s", "referee_passes") if k in rec}

@@ -36,6 +36,8 @@ import sys
 import traceback
 from collections.abc import Callable
 
+from gradcheck.check import cores as check_cores
+
 THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
 STOP_GRACE_S = 5.0  # how long a worker told to stop (or terminated) gets before it is killed
 
@@ -50,10 +52,7 @@ class WorkerSetupError(RuntimeError):
 
 def cores() -> int:
     """The cores this process may run on (its CPU affinity), which a container or ``taskset`` may narrow."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
+    return check_cores.available()
 
 
 def resolve_jobs(value) -> int:

@@ -24,7 +24,7 @@ import sys
 
 
 def available() -> int:
-    """The cores this process may run on."""
+    """The cores this process may run on (its CPU affinity, which a container or ``taskset`` may narrow)."""
     try:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # not on Linux
