@@ -79,6 +79,19 @@ def test_a_case_is_prepared_and_agrees_as_unprepared(monkeypatch):
     assert [(x.path, x.verdict) for x in prepared.leaves] == [(x.path, x.verdict) for x in plain.leaves]
 
 
+def test_the_eager_backends_run_while_jax_compiles_whatever_order_the_run_names(monkeypatch):
+    # Named first, jax would wait for its compilation before the tape and torch start: they run first, and the
+    # case is judged as in the default order.
+    order = []
+    evaluate = runner._evaluate_backend
+    monkeypatch.setattr(runner, "_evaluate_backend", lambda name, *args: (order.append(name), evaluate(name, *args)))
+    res = run_case(CASE.with_(seed=4), RunOptions(backends=("jax", "torch", "tape")))
+    assert order == ["torch", "tape", "jax"]
+    assert res.timings["jax"].prepare is not None and res.verdict == "agree"
+    default = run_case(CASE.with_(seed=4), RunOptions(backends=ALL))
+    assert [(x.path, x.verdict) for x in res.leaves] == [(x.path, x.verdict) for x in default.leaves]
+
+
 def test_nothing_is_prepared_without_an_eager_backend_to_overlap():
     res = run_case(CASE, RunOptions(backends=("jax",)))
     assert "jax" in res.timings and res.timings["jax"].prepare is None

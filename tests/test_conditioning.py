@@ -16,10 +16,11 @@ import numpy as np
 import pytest
 from faults import wrong_sin_gradient
 
+import gradcheck.layers as L
 from gradcheck import ops
 from gradcheck.case import Case
 from gradcheck.check import conditioning
-from gradcheck.check.runner import RunOptions, run_case
+from gradcheck.check.runner import CaseRun, RunOptions, run_case
 from gradcheck.module import Module, param, static
 
 X = np.random.default_rng(7).standard_normal((3, 64))
@@ -98,6 +99,52 @@ def test_the_probe_moves_each_element_by_one_ulp_from_the_seed():
         nonzero = v != 0
         assert np.all(((m == up) | (m == down))[nonzero])  # one ulp, up or down
         assert np.array_equal(m[~nonzero], v[~nonzero])  # an exact zero stays
+    # Up and down about equally often, whatever the sign (a step of the bit pattern moves a negative value the
+    # other way), and at the extremes of the range too.
+    many = np.concatenate([np.linspace(-3.0, 3.0, 4000), [5e-324, -5e-324, 1e308, -1e308]])
+    step = conditioning.perturbed({"x": many}, seed=5)["x"]
+    up = step > many
+    assert np.all(step[many != 0] != many[many != 0])
+    assert np.all(step[up] == np.nextafter(many[up], np.inf)) and np.all(step[~up] == np.nextafter(many[~up], -np.inf))
+    assert 0.45 < up[many > 0].mean() < 0.55 and 0.45 < up[many < 0].mean() < 0.55
     again = conditioning.perturbed(values, seed=3)
     assert all(np.array_equal(moved[p], again[p]) for p in values)
     assert not np.array_equal(conditioning.perturbed(values, seed=4)["a"], moved["a"])
+
+
+# ---------------------------------------------------------------- the loss-noise probe's base
+def _dense_dropout(rng):
+    return L.Chain(L.Dense(6, 8, activation=ops.tanh, rng=rng), L.Dropout(0.3, rng=rng), L.Dense(8, 3, rng=rng))
+
+
+def _dense_relu(rng):
+    return L.Chain(L.Dense(6, 8, activation=ops.relu, rng=rng), L.Dense(8, 3, rng=rng))
+
+
+BASE_CASES = [Case(name, build, lambda rng: (rng.standard_normal((5, 6)),))
+              for name, build in (("dense_relu", _dense_relu), ("dense_dropout", _dense_dropout))]
+
+
+@pytest.mark.parametrize("case", BASE_CASES, ids=lambda c: c.name)
+@pytest.mark.parametrize("seed", range(3))
+def test_the_noise_probes_base_is_the_float64_loss_at_the_point(case, seed):
+    # The probe measures |L(moved) - L(point)| against the reference forward's loss instead of a pass of its own:
+    # the same ops on the same values, so the same bits.
+    cr = CaseRun(case.with_(seed=seed))
+    assert cr.loss_at_point == cr.loss64({})[0]
+
+
+def test_the_noise_probe_takes_a_pass_for_its_base_only_when_not_given_one():
+    cr = CaseRun(BASE_CASES[0])
+    calls = []
+
+    def loss64(replaced):
+        calls.append(len(replaced))
+        return cr.loss64(replaced)
+
+    leaves = cr.float_leaves()
+    given = conditioning.loss_noise(loss64, leaves, 0, base=cr.loss_at_point)
+    assert calls == [len(leaves)] * 2  # the two moves, no pass at the point
+    measured = conditioning.loss_noise(loss64, leaves, 0)
+    assert calls[2:] == [0] + [len(leaves)] * 2  # the point itself, then the two moves
+    assert given == measured and given > 0

@@ -1,9 +1,11 @@
-"""The referee's kink shrink: a step that crosses a kink is shrunk 16x, up to three times, before it abstains.
+"""The referee's kink shrink: a step that crosses a kink is shrunk, up to three times, before it abstains.
 
 docs/decisions.md: "A step that would move any kink decision (checked by recording the branches of its own
-forwards) is shrunk 16x, up to three times; if it still crosses ... it abstains."  Checked on a loss whose one
-kink sits at a chosen distance from the point (the steps the referee takes are recorded), and end to end on a
-model whose relu input sits a few 1e-10 from zero, where only a shrunk step can blame a wrong backward.
+forwards) is shrunk 16x, up to three times (halved instead when only the doubled step crossed: the difference at
+h, which crossed nothing, is then the doubled one of h/2); if it still crosses ... it abstains."  Checked on a
+loss whose one kink sits at a chosen distance from the point (the steps the referee takes are recorded), and end
+to end on a model whose relu input sits a few 1e-10 from zero, where only a shrunk step can blame a wrong
+backward.
 """
 
 from __future__ import annotations
@@ -51,8 +53,8 @@ def by_backend(checks):
 
 
 @pytest.mark.parametrize("distance, steps, passes", [
-    # h is clear and 2h crosses: four passes, then four at h/16 and 2h/16
-    (1.5 * H, [2, 1, 2 / 16, 1 / 16], 8),
+    # h is clear and 2h crosses: four passes, then two at h/2, whose doubled step is h, already taken
+    (1.5 * H, [2, 1, 1 / 2], 6),
     # h itself crosses: its doubled step is not taken (two passes), then four
     (0.5 * H, [1, 2 / 16, 1 / 16], 6),
     # h, h/16 and h/256 cross: the third shrink, the last one allowed, is clear

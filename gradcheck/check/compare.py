@@ -89,10 +89,15 @@ class _Operand:
         return self._norm
 
 
-def _ratio(diff: np.ndarray, allowed: np.ndarray, nonzero: np.ndarray) -> np.ndarray:
-    """|a-b| / allowed elementwise, 0 where a == b (inf where nothing is allowed and they differ)."""
+def _ratio(diff: np.ndarray, allowed: np.ndarray) -> np.ndarray:
+    """|a-b| / allowed elementwise, 0 where a == b (inf where nothing is allowed and they differ).
+
+    Two passes and one new array: where a == b and nothing is allowed the quotient is 0/0, a NaN, and
+    ``fmax(NaN, 0)`` is 0 (a masked divide into a zeroed array cost twice as much on ResNet-18's leaves).
+    """
     with np.errstate(divide="ignore", invalid="ignore"):
-        return np.divide(diff, allowed, out=np.zeros_like(diff), where=nonzero)
+        ratio = np.divide(diff, allowed, out=np.empty_like(diff))
+    return np.fmax(ratio, 0.0, out=ratio)
 
 
 def _pair(a: _Operand, b: _Operand, tol: ResolvedTolerance, scale: float, backend: str,
@@ -111,10 +116,9 @@ def _pair(a: _Operand, b: _Operand, tol: ResolvedTolerance, scale: float, backen
     if value_scale is not None:
         allowed += tol.rtol * value_scale
     allowed += atol
-    nonzero = diff != 0
-    rel = _ratio(diff, b.abs, nonzero)
+    rel = _ratio(diff, b.abs)
     bad = diff > allowed
-    ratio = _ratio(diff, allowed, nonzero) if tol.criterion != "norm" else None
+    ratio = _ratio(diff, allowed) if tol.criterion != "norm" else None
     na, nb = a.norm, b.norm
     out = PairResult(backend=backend, reference=reference, verdict="agree", mismatched=int(np.count_nonzero(bad)),
                      total=int(diff.size))
@@ -138,7 +142,7 @@ def _pair(a: _Operand, b: _Operand, tol: ResolvedTolerance, scale: float, backen
         out.verdict = "disagree"
         out.message = (f"{backend} vs {reference}: {what}, max abs {out.max_abs:.3g} at {out.max_abs_index}, "
                        f"max rel {out.max_rel:.3g}, headroom {out.headroom:.3g}")
-    return out, (lambda: ratio) if ratio is not None else (lambda: _ratio(diff, allowed, nonzero))
+    return out, (lambda: ratio) if ratio is not None else (lambda: _ratio(diff, allowed))
 
 
 def compare_leaf(path: str, role: str, arrays: dict, *, dtype: str, rules: ToleranceRules, layer: str = "",

@@ -43,19 +43,43 @@ SPREAD_FACTOR = 16.0
 
 def perturbed(values: dict[str, np.ndarray], seed: int, draw: int = 0) -> dict[str, np.ndarray]:
     """Each float64 array moved by one ulp per element (a relative step between one and two unit roundoffs), up
-    or down at random (from ``seed``); exact zeros stay (a zero's neighbour is a denormal, not a rounding)."""
+    or down at random (from ``seed``); exact zeros and non-finite values stay (a zero's neighbour is a denormal,
+    not a rounding)."""
     out = {}
     for i, (path, v) in enumerate(sorted(values.items())):
-        v = np.asarray(v, np.float64)
-        signs = np.random.default_rng([int(seed), 0x524F554E, int(draw), i]).choice((-1.0, 1.0), size=v.shape)
-        out[path] = np.where(v == 0, v, np.nextafter(v, signs * np.inf))
+        v = np.asarray(v, np.float64, order="C")
+        up = _coin_flips(np.random.default_rng([int(seed), 0x524F554E, int(draw), i]), v.shape)
+        out[path] = _one_ulp(v, up)
     return out
 
 
-def loss_noise(loss64, point: dict[str, np.ndarray], seed: int, draws: int = 2) -> float:
+def _coin_flips(rng: np.random.Generator, shape) -> np.ndarray:
+    """One fair random bit per element, eight to a drawn byte (a draw per element cost a quarter of a second on
+    ResNet-18's 11.7 M parameters, for every probe)."""
+    n = int(np.prod(shape, dtype=np.int64))
+    drawn = rng.integers(0, 256, size=(n + 7) // 8, dtype=np.uint8)
+    return np.unpackbits(drawn, count=n).view(bool).reshape(shape)
+
+
+def _one_ulp(v: np.ndarray, up: np.ndarray) -> np.ndarray:
+    """``np.nextafter(v, +inf where up else -inf)`` on finite non-zero elements, by one step of the bit pattern:
+    as an integer, a float's magnitude grows with its bits whatever its sign, so +1 moves away from zero and -1
+    towards it; up is away from zero for a positive value and towards it for a negative one."""
+    shape, v, up = v.shape, v.reshape(-1), up.reshape(-1)  # flat: a 0-d array's arithmetic gives scalars
+    moved = (up == (v > 0)).astype(np.int64)  # 1 where the step is away from zero, 0 where towards it
+    moved *= 2
+    moved -= 1
+    moved += v.view(np.int64)
+    moved = moved.view(np.float64)
+    np.copyto(moved, v, where=(v == 0) | ~np.isfinite(v))
+    return moved.reshape(shape)
+
+
+def loss_noise(loss64, point: dict[str, np.ndarray], seed: int, draws: int = 2, base: float | None = None) -> float:
     """How far the float64 loss moves when every leaf of ``point`` moves by one unit roundoff (the largest of
-    ``draws`` random moves): the rounding error a finite difference's numerator carries at this point."""
-    base = _value(loss64({}))
+    ``draws`` random moves): the rounding error a finite difference's numerator carries at this point.  ``base``:
+    the loss at the point itself, when the caller already has it (one forward pass fewer)."""
+    base = _value(loss64({})) if base is None else float(base)
     moved = [abs(_value(loss64(perturbed(point, seed, d))) - base) for d in range(draws)]
     return float(max(moved, default=0.0))
 

@@ -8,10 +8,11 @@
    (``gradcheck.check.kinks``) and counts its work (``gradcheck.check.cost``).
 2. ``_run_backends``: each backend in float64, then in float32 pinned to the
    reference's kinks; a backend that compiles (jax) runs its float32 call
-   twice, the second timing the computation alone.  One backend that fails
-   is that backend's recorded error; the others go on.  A backend that
-   writes into the arrays it was handed is reported, and the next one gets
-   the case's values again (``CaseRun.restore_changed``).
+   twice, the second timing the computation alone.  The eager backends run
+   first, while jax compiles beside them.  One backend that fails is that
+   backend's recorded error; the others go on.  A backend that writes into
+   the arrays it was handed is reported, and the next one gets the case's
+   values again (``CaseRun.restore_changed``).
 3. ``_compare``: every leaf (forward outputs, updated buffers, gradients)
    compared across backends in float64, once (``gradcheck.check.compare``).
 4. ``_referee``: float64 central differences where blame is needed, or for
@@ -117,6 +118,15 @@ def _as_list(out) -> list:
     return list(out) if isinstance(out, (tuple, list)) else [out]
 
 
+def _loss(outs, cotangents):
+    """The cross-check loss ``sum_k <r_k, output_k>``, in the outputs' backend."""
+    loss = None
+    for o, r in zip(outs, cotangents):
+        term = ops.sum(o * ops.asarray(r, like=o))
+        loss = term if loss is None else loss + term
+    return loss
+
+
 class CaseRun:
     """Everything one case needs, built once from its seed."""
 
@@ -147,6 +157,9 @@ class CaseRun:
         self.cotangents32 = [c.astype(np.float32) for c in self.cotangents64]
         # What rounding in the loss works on: the referee's resolution floor.
         self.loss_abs = float(sum(np.sum(np.abs(np.asarray(o, np.float64) * r)) for o, r in zip(outs, self.cotangents64)))
+        # The float64 loss at the point, as ``loss64({})`` computes it (the same ops on the same values): the
+        # probe of float64's reach measures how far it moves (``loss_noise``) without a forward pass of its own.
+        self.loss_at_point = float(_loss(outs, self.cotangents64)) if outs else None
         self.n_out = len(outs)
         # The cross-check losses, made once: jax keys what it compiled by the function object, so every later
         # float64 call at a moved point (float64's reach, the referee's slope) reuses the program already built.
@@ -163,11 +176,7 @@ class CaseRun:
 
         def f(*args):
             outs = _as_list(forward(*args))
-            loss = None
-            for o, r in zip(outs, cotangents):
-                term = ops.sum(o * ops.asarray(r, like=o))
-                loss = term if loss is None else loss + term
-            return (loss, *outs)
+            return (_loss(outs, cotangents), *outs)
 
         return f
 
@@ -188,9 +197,11 @@ class CaseRun:
 
     def loss_noise(self) -> float:
         """How far the float64 loss moves when every float leaf moves by a unit roundoff (measured once, two
-        forward passes): the referee's floor for the rounding this point amplifies (gradcheck.check.conditioning)."""
+        forward passes, against the reference forward's loss): the referee's floor for the rounding this point
+        amplifies (gradcheck.check.conditioning)."""
         if self._loss_noise is None:
-            self._loss_noise = conditioning.loss_noise(self.loss64, self.float_leaves(), self.case.seed)
+            self._loss_noise = conditioning.loss_noise(self.loss64, self.float_leaves(), self.case.seed,
+                                                       base=self.loss_at_point)
         return self._loss_noise
 
     def float_leaves(self) -> dict[str, np.ndarray]:
@@ -302,13 +313,15 @@ def _run_backends(cr: CaseRun, options: RunOptions, res: CaseResult) -> dict[str
         before = {"32": localise.snapshot(cr.args32, cr.prefixes)}
         before["64"] = localise.Widened(before["32"])
     _prepare_compiled(cr, options, res, f64, f32)
-    for name in options.backends:
+    # The eager backends first, while the compiling ones compile beside them (each backend is judged on its own,
+    # so the order changes nothing else).
+    for name in sorted(options.backends, key=lambda b: get_backend(b).compiles):
         # An eager backend leaves half the cores to a compilation running beside it (gradcheck.check.cores).
         beside = not get_backend(name).compiles and any(get_backend(b).busy() for b in options.backends)
         with cores.shared() if beside else contextlib.nullcontext():
             _evaluate_backend(name, cr, options, res, runs, f64, f32)
         cr.restore_changed(name, before, res)
-    return runs
+    return {name: runs[name] for name in options.backends if name in runs}
 
 
 def _prepare_compiled(cr: CaseRun, options: RunOptions, res: CaseResult, f64, f32) -> None:
