@@ -330,7 +330,9 @@ def _cli(c) -> list[str]:
         "forward, the referee, the HTML report. The bare side (`python benchmarks/bare_resnet18.py`) imports",
         "torch and jax, builds the same parameters and does one forward+backward in torch eager and one in jax",
         "(jit compile included), each in float32 and in float64. Both run without jax's persistent compilation",
-        "cache; the warm harness run finds the cache that an earlier run of the same model filled.",
+        "cache; the warm harness run finds the cache that an earlier run of the same model filled."
+        + (f" numpy BLAS in these runs (threadpoolctl): {c['machine']['blas']}." if c.get("machine", {}).get("blas")
+           else ""),
         "",
     ]
     out += _table(["", "wall (median)", "runs", "peak RSS"], [
