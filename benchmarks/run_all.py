@@ -67,7 +67,7 @@ def main(argv=None):
             print(f"  done in {time.perf_counter() - t0:.0f} s", flush=True)
     results = {}
     # The last three are measured by hand (BENCHMARKS.md's sections say how); their targets are rendered here too.
-    for name in ("frameworks", "frameworks_1thread", "cli", "referee", "suites", "scaling", "features",
+    for name in ("frameworks", "frameworks_1thread", "cli", "cli_repeats", "referee", "suites", "scaling", "features",
                  "suites_side_by_side", "from_torch", "localise_zoo", "zoo"):
         path = os.path.join(args.results, f"{name}.json")
         if os.path.exists(path):
@@ -210,10 +210,17 @@ def _targets(r) -> list[str]:
                      f"{_s(cli['harness_wall_median'])} s (runs: "
                      + ", ".join(_s(x["wall"]) for x in r["cli"]["harness"]) + ")" + ("" if ok else why), _status(ok)))
         ok = cli["ratio"] <= 1.3
+        # The same benchmark run again by hand (cli_repeats.json): a target met in one series and missed in the
+        # next is said so, not "met".
+        repeats = [x["summary"]["ratio"] for x in r.get("cli_repeats", {}).get("series", [])]
+        missed = [x for x in repeats if x > 1.3]
+        again = (f"; repeated: {', '.join(_s(x) + 'x' for x in repeats)} (§ figure 2 twice more)" if repeats else "")
         rows.append(("… ≤ 1.3x the bare frameworks (float32 and float64, jax compilation in both)",
                      f"{_s(cli['ratio'])}x ({_s(cli['harness_wall_median'])} s vs {_s(cli['bare_wall_median'])} s)"
                      + ("" if ok else f"; missed by {_s(cli['harness_wall_median'] - 1.3 * cli['bare_wall_median'])} s"
-                        " of harness time"), _status(ok)))
+                        " of harness time") + again,
+                     f"**met in {1 + len(repeats) - len(missed)} of {1 + len(repeats)} series**"
+                     if ok and missed else _status(ok)))
         if "warm_ratio" in cli:
             ok = cli["warm_ratio"] <= 0.8
             rows.append(("… warm cache (a second run) ≤ 0.8x the cold bare frameworks",
