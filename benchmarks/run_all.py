@@ -66,7 +66,8 @@ def main(argv=None):
             subprocess.run([sys.executable, os.path.join(HERE, cmd[0]), *cmd[1:], "--json", path], check=True, cwd=ROOT)
             print(f"  done in {time.perf_counter() - t0:.0f} s", flush=True)
     results = {}
-    # The last three are measured by hand (BENCHMARKS.md's sections say how); their targets are rendered here too.
+    # cli_repeats and the last three are measured by hand (BENCHMARKS.md's sections say how); their targets are
+    # rendered here too.
     for name in ("frameworks", "frameworks_1thread", "cli", "cli_repeats", "referee", "suites", "scaling", "features",
                  "suites_side_by_side", "from_torch", "localise_zoo", "zoo"):
         path = os.path.join(args.results, f"{name}.json")

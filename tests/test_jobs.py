@@ -23,6 +23,7 @@ import pytest
 from gradcheck import results
 from gradcheck.app import parallel
 from gradcheck.app.cli import main
+from gradcheck.check import cores
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -166,7 +167,7 @@ def test_a_worker_that_dies_is_its_case_error_and_the_other_cases_finish(here, c
     stored = results.load(here / "gradcheck-report" / "results.jsonl")
     assert len(stored.cases) == 4 and not stored.interrupted
     # Each worker sized its thread pools to its share of the cores.
-    share = parallel.thread_env(max(parallel.cores() // 2, 1))["OMP_NUM_THREADS"]
+    share = parallel.thread_env(max(cores.available() // 2, 1))["OMP_NUM_THREADS"]
     assert {(here / f"threads-{n}.txt").read_text() for n in ("tiny-a", "tiny-b", "tiny-c")} == {share}
 
 

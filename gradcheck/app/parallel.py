@@ -50,17 +50,13 @@ class WorkerSetupError(RuntimeError):
         self.usage = usage
 
 
-def cores() -> int:
-    """The cores this process may run on (its CPU affinity), which a container or ``taskset`` may narrow."""
-    return check_cores.available()
-
-
 def resolve_jobs(value) -> int:
-    """The ``jobs`` setting as a number: unset is 1, ``auto`` is :func:`cores`."""
+    """The ``jobs`` setting as a number: unset is 1, ``auto`` the cores this process may run on
+    (``gradcheck.check.cores.available``)."""
     if value is None:
         return 1
     if value == "auto":
-        return cores()
+        return check_cores.available()
     return int(value)
 
 
@@ -133,7 +129,7 @@ def run(cases: list, options, setup: Callable, jobs: int, results_path=None, env
     writer = ResultsWriter(results_path, result.env, planned=total) if results_path else None
     jobs = max(1, min(jobs, total))
     pool = _Pool(multiprocessing.get_context("spawn"), setup, [c.name for c in cases],
-                 thread_env(max(cores() // jobs, 1)))
+                 thread_env(max(check_cores.available() // jobs, 1)))
     done: dict[int, object] = {}
 
     def finish(i, case_result):
