@@ -267,7 +267,8 @@ def _by_hand_targets(r) -> list[tuple[str, str, str]]:
         rows.append((f"a `from_torch` case ({r['from_torch']['model']}) ≤ 1.3x the bare frameworks' fwd+bwd, capture "
                      "and compilation counted",
                      f"{_s(ft['cold_ratio'])}x cold ({_s(ft['cold_wall_median'])} s vs {_s(ft['bare_wall_median'])} s), "
-                     f"{_s(ft['warm_ratio'])}x with warm caches (`bench_from_torch.py`)", _status(ft["cold_ratio"] <= 1.3)))
+                     f"{_s(ft['warm_ratio'])}x with warm caches (`bench_from_torch.py`)",
+                     f"{_status(ft['cold_ratio'] <= 1.3)} cold, {_status(ft['warm_ratio'] <= 1.3)} warm"))
     zoo = r.get("zoo", {}).get("ratios")
     if zoo:
         ratio = zoo["warm/cold jobs 1"]

@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib.util
 import logging
 import os
+import subprocess
 import sys
 import textwrap
 import warnings
@@ -20,6 +21,7 @@ import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
+import torch_families  # noqa: E402
 from torch import nn  # noqa: E402
 
 from gradcheck import cache, from_torch  # noqa: E402
@@ -138,6 +140,91 @@ def test_each_mode_has_its_own_entry(folder, exports):
     from_torch(m, x, mode="eval")
     from_torch(m, x, mode="train")
     assert len(exports) == 2 and len(entries(folder)) == 2
+
+
+def _described(program) -> tuple:
+    """Everything ``capture.read_graph`` and the checks read of a program, with nodes by name: what an entry
+    must give back as the export gave it."""
+    from torch.fx.node import map_arg
+
+    def val(v):
+        if isinstance(v, torch.Tensor):
+            return ("tensor", tuple(v.shape), v.dtype)
+        return (type(v).__name__, tuple(val(x) for x in v)) if isinstance(v, (tuple, list)) else v
+
+    nodes = [(n.name, n.op, str(n.target), repr(map_arg(n.args, lambda a: "%" + a.name)),
+              repr(map_arg(n.kwargs, lambda a: "%" + a.name)), val(n.meta.get("val")),
+              [(k, path) for k, (path, _) in (n.meta.get("nn_module_stack") or {}).items()],
+              capture.module_of(n), n.meta.get("stack_trace")) for n in program.graph.nodes]
+    sig = program.graph_signature
+    inputs = [(s.kind.name, type(s.arg).__name__, s.arg.name, s.target, s.persistent) for s in sig.input_specs]
+    outputs = [(s.kind.name, type(s.arg).__name__, s.arg.name, s.target) for s in sig.output_specs]
+    constants = {k: (v.dtype, v.tolist()) for k, v in program.constants.items()}
+    return nodes, inputs, outputs, constants
+
+
+@pytest.mark.parametrize("family", sorted(torch_families.FAMILIES))
+def test_an_entry_gives_back_the_exported_program_node_for_node(family, tmp_path):
+    """Each family's train-mode program through an entry's format and back (a file written and read as the
+    cache does): the same nodes, arguments, shapes, origins, source lines, signature and constants."""
+    from gradcheck.frontends.torch import graph_file
+
+    module, inputs = torch_families.FAMILIES[family]()
+    wrapper = capture._Forward(module)
+    capture.hold_undifferentiable(wrapper, tuple(inputs), True)
+    ep = capture.export(wrapper, tuple(inputs), True, "fused", family)
+    assert not isinstance(ep, capture._Traced)
+    torch.save(graph_file.write(ep), tmp_path / "entry.pt")
+    back = graph_file.read(torch.load(tmp_path / "entry.pt", weights_only=True))
+    assert _described(back) == _described(ep)
+    assert any(n.meta.get("nn_module_stack") for n in back.graph.nodes)
+
+
+def test_a_program_the_format_does_not_carry_is_captured_each_time(folder, exports, caplog):
+    """A branch written with torch.cond exports as a higher-order op whose branches are subgraphs: the entry's
+    format does not carry those, so nothing is written and every build exports (a debug note says why)."""
+
+    class Branchy(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(4, 4)
+
+        def forward(self, x):
+            return torch.cond(x.sum() > 0, lambda v: torch.tanh(v), lambda v: torch.sigmoid(v), (self.fc(x),))
+
+    torch.manual_seed(0)
+    module, x = Branchy(), torch.randn(2, 4)
+    with caplog.at_level(logging.DEBUG, logger="gradcheck.capture_cache"):
+        from_torch(module, x)
+        from_torch(module, x)
+    assert len(exports) == 2 and entries(folder) == []
+    assert "does not keep" in caplog.text and "get_attr" in caplog.text
+    from_torch(*small())  # the control: a plain module's program is written
+    assert len(entries(folder)) == 1
+
+
+def test_a_warm_build_and_run_import_no_dynamo(tmp_path):
+    """Reading an entry and running the case on torch (its random draws in a dispatch mode) imports no
+    torch._dynamo: the import cost a warm from_torch case 1.5 s. The cold process, which exports, does import it."""
+    script = textwrap.dedent(f"""
+        import sys
+        sys.path.insert(0, {os.path.dirname(os.path.abspath(__file__))!r})
+        import torch
+        from gradcheck import cache, from_torch
+        from gradcheck.check.runner import RunOptions, run_case
+        from test_capture_cache import small
+
+        cache.use({str(tmp_path / "cache")!r}, "--cache-dir")
+        case = from_torch(*small())
+        res = run_case(case, RunOptions(backends=("torch", "tape")))
+        print(res.verdict, "torch._dynamo" in sys.modules)
+    """)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    runs = [subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300)
+            for _ in range(2)]
+    for r in runs:
+        assert r.returncode == 0, r.stderr[-3000:]
+    assert [r.stdout.split()[-2:] for r in runs] == [["agree", "True"], ["agree", "False"]]
 
 
 # ---------------------------------------------------------------- what changes the key
@@ -322,9 +409,11 @@ def test_the_folder_is_bounded_least_recently_used_first(tmp_path):
     left = tmp_path / f".old.abc.tmp{capture_cache.SUFFIX}"  # a write whose process was killed a day ago
     left.write_bytes(b"x" * 100)
     os.utime(left, (1000, 1000))
+    former = tmp_path / "0123abcd.pt2"  # an entry of the torch.export.save format, whose key can no longer match
+    former.write_bytes(b"x" * 10)
     capture_cache._bound(str(tmp_path), limit=250)
     assert entries(tmp_path) == [f"mid{capture_cache.SUFFIX}", f"new{capture_cache.SUFFIX}"]
-    assert writing.exists() and not left.exists()
+    assert writing.exists() and not left.exists() and not former.exists()
 
 
 def test_the_capture_folder_follows_the_cache_dir_setting(tmp_path, monkeypatch):

@@ -2,12 +2,14 @@
 
 ``torch.export`` and ``run_decompositions`` are deterministic for a given
 module, inputs and torch, and they are most of what building a
-``from_torch`` case costs.  An entry is the ``ExportedProgram`` as
-``torch.export.save`` writes it (nodes, their ``nn_module_stack``,
-``stack_trace`` and shapes; the weights' values are left out, as the graph
-binds the module's own), with a small JSON record of the graph's node
-names and op targets and the float inputs the forward holds
-(``capture.hold_undifferentiable``).
+``from_torch`` case costs.  An entry is the decomposed program as
+``graph_file`` writes it (nodes, their ``nn_module_stack``, ``stack_trace``
+and shapes, the graph signature and tensor constants; no weights, as the
+graph binds the module's own), with the float inputs the forward holds
+(``capture.hold_undifferentiable``), in one ``torch.save`` file read back with
+``weights_only=True``.  Not ``torch.export.save``: loading its archive
+imports most of ``torch._dynamo``, which cost more than the rest of a warm
+build (docs/decisions.md).
 
 The key (:func:`key`) covers what can change the captured graph: the source
 of every module class of the model that torch does not define (and of the
@@ -46,12 +48,14 @@ import warnings
 import numpy as np
 import torch
 
+from gradcheck.frontends.torch import graph_file
+
 log = logging.getLogger("gradcheck.capture_cache")
 
-FORMAT = 1  # the layout of an entry; a change makes every older entry a miss
+FORMAT = 2  # the layout of an entry; a change makes every older entry a miss
 MAX_BYTES = 512 * 2**20  # the folder's bound: least recently used entries are deleted past it
-SUFFIX = ".pt2"
-_RECORD = "gradcheck.json"  # the entry's own record, in torch.export.save's extra files
+SUFFIX = ".graph.pt"
+_FORMER = (".pt2",)  # what entries of earlier formats end with: never found again, so deleted by ``_bound``
 _OWN_DIR = os.path.dirname(os.path.abspath(__file__))
 _warned: set[str] = set()
 
@@ -69,7 +73,7 @@ def key(wrapper, example_inputs: tuple, training: bool, decompose: str, referenc
     """The entry's name for this capture, or None (with a debug note) when the model cannot be keyed."""
     try:
         parts = {
-            "format": FORMAT,
+            "format": [FORMAT, graph_file.FORMAT],
             "torch": torch.__version__,
             "python": list(sys.version_info[:3]),
             "gradcheck": _gradcheck_version(),
@@ -275,23 +279,16 @@ def path_of(name: str, where: str) -> str:
     return os.path.join(where, name + SUFFIX)
 
 
-def record_of(ep, held: dict) -> dict:
-    """What an entry says of its graph: every node's name and op, in order, and the held float inputs."""
-    return {"nodes": [[n.name, str(n.target)] for n in ep.graph.nodes], "held": {str(k): v for k, v in held.items()}}
-
-
 def load(name: str, where: str):
-    """``(ExportedProgram, record)`` of the entry, or None if there is none or it cannot be read (then deleted)."""
+    """``(program, held)`` of the entry (``graph_file.Program``; the held float inputs by position), or None if
+    there is none or it cannot be read (then deleted)."""
     path = path_of(name, where)
     if not os.path.exists(path):
         return None
-    extra = {_RECORD: ""}
     try:
-        ep = torch.export.load(path, extra_files=extra)
-        record = json.loads(extra[_RECORD])
-        _drop_unused_getitems(ep, {n for n, _ in record["nodes"]})
-        if [[n.name, str(n.target)] for n in ep.graph.nodes] != record["nodes"]:
-            raise ValueError("its graph's nodes are not the ones it was saved with")
+        payload = torch.load(path, weights_only=True)
+        program = graph_file.read(payload["program"])
+        held = {int(k): v for k, v in payload["held"].items()}
     except Exception as exc:  # noqa: BLE001 - a broken entry of any kind is recaptured, never used
         discard(name, where, f"it cannot be read ({type(exc).__name__}: {str(exc)[:200]})")
         return None
@@ -299,47 +296,28 @@ def load(name: str, where: str):
         os.utime(path)  # its time of last use, for the bound on the folder's size
     except OSError:
         pass
-    return ep, record
-
-
-def _drop_unused_getitems(ep, names: set) -> None:
-    """torch.export.load adds a ``getitem`` for each unused output of a multi-output op (``native_dropout``'s
-    mask); those the saved graph did not have are removed, so the graph is node for node the one saved."""
-    import operator
-
-    for node in list(ep.graph.nodes):
-        if node.op == "call_function" and node.target is operator.getitem and not node.users and node.name not in names:
-            ep.graph.erase_node(node)
+    return program, held
 
 
 def store(name: str, where: str, ep, held: dict) -> None:
-    """Write the entry atomically (a temporary file renamed into place); a failure only warns."""
+    """Write the entry atomically (a temporary file renamed into place); a program the format does not carry
+    (``graph_file.Unwritable``) or a failed write is only noted at debug level: the module is captured afresh."""
+    try:
+        payload = {"program": graph_file.write(ep), "held": {str(k): v for k, v in held.items()}}
+    except graph_file.Unwritable as exc:
+        log.debug("the capture cache does not keep %s: %s", name, exc)
+        return
     path = path_of(name, where)
     fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp" + SUFFIX, dir=where)
     os.close(fd)
-    weights = dict(ep.state_dict)
     try:
-        # Without the parameters' and buffers' values: the graph binds the module's own (``capture.read_graph``),
-        # and a ResNet-18's weights are 45 MB where its graph is 0.4 MB.
-        for k, v in weights.items():
-            ep.state_dict[k] = _placeholder(v)
-        with warnings.catch_warnings():  # torch notes that a stride-0 placeholder has no full storage of its own
-            warnings.filterwarnings("ignore", message="No complete tensor found")
-            torch.export.save(ep, tmp, extra_files={_RECORD: json.dumps(record_of(ep, held))})
+        torch.save(payload, tmp)
         os.replace(tmp, path)
-    except Exception as exc:  # noqa: BLE001 - a program torch cannot serialise is simply not cached
+    except Exception as exc:  # noqa: BLE001 - a program that cannot be written is simply not cached
         log.debug("the capture cache could not store %s: %s: %s", name, type(exc).__name__, exc)
         _unlink(tmp)
         return
-    finally:
-        ep.state_dict.update(weights)
     _bound(where)
-
-
-def _placeholder(t):
-    """A tensor of ``t``'s shape and dtype over a single element (stride 0): what the entry stores for a weight."""
-    z = torch.zeros((), dtype=t.dtype, device="cpu").expand(t.shape)
-    return torch.nn.Parameter(z, requires_grad=t.requires_grad) if isinstance(t, torch.nn.Parameter) else z
 
 
 def discard(name: str, where: str, why: str) -> None:
@@ -359,6 +337,8 @@ def _bound(where: str, limit: int = MAX_BYTES) -> None:
     process left half-written (a temporary file an hour old; a write in progress is seconds old)."""
     import time
 
+    for path in [p for suffix in _FORMER for p in glob.glob(os.path.join(where, "*" + suffix))]:
+        _unlink(path)
     for path in glob.glob(os.path.join(where, ".*.tmp" + SUFFIX)):
         try:
             if os.stat(path).st_mtime < time.time() - 3600:

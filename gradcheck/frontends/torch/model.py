@@ -148,8 +148,8 @@ class Program:
         graph = None
         loaded = capture_cache.load(name, where) if name else None
         if loaded is not None:
-            ep, record = loaded
-            self.wrapper.held.update({int(k): v for k, v in record["held"].items()})
+            ep, held = loaded
+            self.wrapper.held.update(held)
             self.wrapper.__dict__["_held_probed"] = True
             graph = capture.read_graph(ep, self.wrapper, len(self.example_inputs), training, lowerings)
             graph.entry, graph.from_cache = (name, where), True

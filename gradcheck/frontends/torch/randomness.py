@@ -48,6 +48,7 @@ so a pinned float32 run meets the same comparison on every backend.
 from __future__ import annotations
 
 import math
+import sys
 
 import numpy as np
 
@@ -441,6 +442,15 @@ class CaseRandom:
         outer = self
 
         class _Mode(TorchDispatchMode):
+            @classmethod
+            def _should_skip_dynamo(cls):
+                # torch wraps a mode's __torch_dispatch__ in torch._dynamo.disable, importing torch._dynamo at
+                # its first call: 1.5 s, the largest part of a from_torch case built from the capture cache,
+                # for a guard that only matters while dynamo compiles. So the guard is kept once something has
+                # imported dynamo (an export, a torch.compile in the model), and skipped before, when nothing
+                # can be compiling (docs/decisions.md, "The capture cache's own format").
+                return "torch._dynamo" in sys.modules
+
             def __torch_dispatch__(self, func, types, args=(), kwargs=None):
                 name, kwargs = str(func), kwargs or {}
                 if name in OPS or (name in _DROPOUTS and drop_probability(name, args, kwargs) > 0):
