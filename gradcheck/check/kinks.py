@@ -92,6 +92,8 @@ class Recording:
     branches: list[Branch] = field(default_factory=list)
     held: list = field(default_factory=list)
     misheld: int = 0  # a held value this pass could not be given (another call order or shape than the reference)
+    # What a frontend keeps of this forward for the passes made under it (gradcheck.frontends.torch.reuse).
+    kept: list = field(default_factory=list, repr=False, compare=False)
 
     def reports(self, crossed: dict[str, list[int]]) -> list[KinkReport]:
         """One report per call that came near its kink or that some backend crossed."""
@@ -437,6 +439,8 @@ def differing(reference: Recording, other: Recording) -> int:
         return max(1, abs(len(reference.branches) - len(other.branches)))
     n = other.misheld  # a held value that could not be given back changes the function like a crossed kink
     for a, b in zip(reference.branches, other.branches):
+        if a is b:  # a branch a pass reused from the reference (gradcheck.frontends.torch.reuse)
+            continue
         if a.op != b.op or a.decision.shape != b.decision.shape:
             n += max(1, a.decision.size)
         else:

@@ -104,12 +104,15 @@ def lowering_of(graph: capture.Graph, op: str):
     return own if own is not None else LOWERINGS[op]
 
 
-def run(graph: capture.Graph, values: dict, floats, mask, layer_of=None, watch=None) -> list:
+def run(graph: capture.Graph, values: dict, floats, mask, layer_of=None, watch=None, keep=None, reuse=None) -> list:
     """The graph's outputs, in the order of its output specs, from placeholder values.
 
     ``watch(node, value) -> value``, when given, sees every node's value as it
     is computed and may replace it (the per-submodule replay records values
-    and adds its cotangent probes so).
+    and adds its cotangent probes so).  ``keep`` (a ``reuse.Kept``) keeps every
+    node's value and kink calls of a float64 reference forward; ``reuse``,
+    ``(kept, names)``, gives the nodes in ``names`` the kept values instead of
+    running them (``gradcheck.frontends.torch.reuse``).
     """
     if graph.unfaithful:
         raise UnsupportedOp(graph.unfaithful)
@@ -119,7 +122,7 @@ def run(graph: capture.Graph, values: dict, floats, mask, layer_of=None, watch=N
             env[node] = values[node.name]
             if watch is not None:
                 env[node] = watch(node, env[node])
-    execute(graph, [n for n in graph.nodes if n.op == "call_function"], env, floats, mask, layer_of, watch)
+    execute(graph, [n for n in graph.nodes if n.op == "call_function"], env, floats, mask, layer_of, watch, keep, reuse)
     out = next((n for n in graph.nodes if n.op == "output"), None)
     if out is None:
         raise GraphRunError("the graph has no output node")
@@ -128,20 +131,35 @@ def run(graph: capture.Graph, values: dict, floats, mask, layer_of=None, watch=N
     return list(map_arg(out.args[0], env.__getitem__))
 
 
-def execute(graph: capture.Graph, nodes: list, env: dict, floats, mask, layer_of=None, watch=None) -> dict:
-    """Run ``nodes`` (call_function nodes of ``graph``, in graph order) on the values ``env`` holds; fills ``env``."""
+def execute(graph: capture.Graph, nodes: list, env: dict, floats, mask, layer_of=None, watch=None, keep=None,
+            reuse=None) -> dict:
+    """Run ``nodes`` (call_function nodes of ``graph``, in graph order) on the values ``env`` holds; fills ``env``.
+
+    ``keep`` and ``reuse``: see ``run``."""
     ctx = Context(floats, mask)
     stack = gmodule.current_calls()
+    state = kinks.active() if keep is not None or reuse is not None else None
+    kept, names = reuse if reuse is not None else (None, ())
     for node in nodes:
         if node.op != "call_function":
             raise GraphRunError(f"node {node.name}: a {node.op} node; exported graphs have placeholders, "
                                 "call_function nodes and one output")
+        if node.name in names:
+            # The reference's value, and its kink calls in their place in this pass's recording.
+            env[node] = kept.values[node.name]
+            state.recording.branches.extend(kept.branches[node.name])
+            state.held_position += kept.held[node.name]
+            continue
+        if keep is not None:
+            branches, held = len(state.recording.branches), len(state.recording.held)
         if node.target is operator.getitem:
             env[node] = env[node.args[0]][node.args[1]]
         else:
             env[node] = _call(graph, node, env, ctx, stack, layer_of)
         if watch is not None:
             env[node] = watch(node, env[node])
+        if keep is not None:
+            keep.keep(node, env[node], state.recording.branches[branches:], len(state.recording.held) - held)
     return env
 
 

@@ -31,7 +31,7 @@ import numpy as np
 from gradcheck import module as gmodule
 from gradcheck.check import conditioning, cost, kinks
 from gradcheck.check.tolerance import ToleranceRules
-from gradcheck.frontends.torch import capture, interpreter, references, units
+from gradcheck.frontends.torch import capture, interpreter, references, reuse, units
 from gradcheck.frontends.torch.eager import (
     TorchFacts,
     backend_of_values,
@@ -305,8 +305,9 @@ class Program:
     def _call_graph(self, root, graph, values, inputs) -> list:
         floats = float_dtype_of(list(values.values()) + list(inputs))
         layer_of = _layers(root) if gmodule._calls is not None else None
-        outs = interpreter.run(graph, self._placeholders(graph, values, inputs, floats), floats,
-                               self._mask(root, graph), layer_of, self._watch)
+        placeholders = self._placeholders(graph, values, inputs, floats)
+        keep, reused = self._reuse(root, graph, placeholders, floats)
+        outs = interpreter.run(graph, placeholders, floats, self._mask(root, graph), layer_of, self._watch, keep, reused)
         user = [None] * graph.user_outputs
         for (kind, target), value in zip(graph.outputs, outs):
             if kind == "output":
@@ -315,6 +316,21 @@ class Program:
                 owner, field = owner_of(root, target)
                 setattr(owner, field, value)  # the drivers read updated buffers from the fields
         return user
+
+    def _reuse(self, root, graph, placeholders: dict, floats):
+        """``(keep, reuse)`` for ``interpreter.run``: a float64 reference forward keeps its node values in its
+        kink recording; a pass made under that recording reuses those no moved leaf reaches (``reuse``)."""
+        state = kinks.active()
+        if self._watch is not None or np.dtype(floats) != np.float64 or state is None or state.mode != "record":
+            return None, None
+        if state.hold is None:
+            kept = reuse.Kept(graph, root._dropout_seed, placeholders)
+            state.recording.kept.append(kept)
+            return kept, None
+        kept = next((k for k in state.hold.kept if k.graph is graph), None)
+        if kept is None or not kept.whole or kept.seed != root._dropout_seed:
+            return None, None
+        return None, (kept, kept.reusable(placeholders))
 
     def _verify(self, root, graph, values, inputs) -> None:
         """Check each lowering against torch's op once, in float64, outside the caller's counting and kinks."""
