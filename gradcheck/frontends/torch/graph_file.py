@@ -203,12 +203,10 @@ def _unvalue(v, env):
         return tuple(_unvalue(y, env) for y in x)
     if tag == "float":
         return float(x)
-    if tag == "dtype":
+    if tag in ("dtype", "layout", "memory_format"):
         return getattr(torch, x)
     if tag == "device":
         return torch.device(x)
-    if tag in ("layout", "memory_format"):
-        return getattr(torch, x)
     raise ValueError(f"an argument tagged {tag!r}")
 
 

@@ -4,10 +4,11 @@ The per-leaf referee moves one leaf at a time (four float64 passes per
 leaf), and most of a graph does not depend on most leaves: a transformer's
 last block is not upstream of its first block's weights' effect, nor is the
 embedding of anything but everything.  A pass made under a float64 reference
-forward's recording (``kinks.recording(hold=reference)``: the referee's
-passes, the slope check's, localisation's) gets, for every node none of
-whose inputs moved, the value the reference forward computed, without
-running it.
+forward's recording (``kinks.recording(hold=reference)``: the whole model's
+passes, ``runner.CaseRun.loss64``, which the referee and the loss-noise probe
+take) gets, for every node none of whose inputs moved, the value the
+reference forward computed, without running it.  A submodule replayed alone
+(``units``) runs its nodes whole.
 
 What makes that exact rather than close:
 
