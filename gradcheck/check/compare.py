@@ -23,7 +23,7 @@ blame is decided afterwards, with the referee's checks, by
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import numpy as np
 
@@ -60,7 +60,7 @@ def _dot(a: np.ndarray, b: np.ndarray) -> float:
 
 
 class _Operand:
-    """One backend's array, with the derived arrays the pairs share, each computed once.
+    """One backend's array, flat, with the numbers the pairs share, each computed once.
 
     float32 and float64 arrays are compared in their own precision (anything
     else in float64): the difference of two float32 numbers is exact to 6e-8
@@ -73,76 +73,130 @@ class _Operand:
     def __init__(self, v):
         v = np.asarray(v)
         self.v = v if v.dtype in (np.float32, np.float64) else v.astype(np.float64)
-        self._abs = self._norm = None
+        self.flat = self.v.reshape(-1)  # a view of a contiguous array; one copy of any other
+        self._norm = self._max_abs = None
 
     @property
-    def abs(self) -> np.ndarray:
-        if self._abs is None:
-            self._abs = np.abs(self.v)
-        return self._abs
+    def max_abs(self) -> float:
+        if self._max_abs is None:
+            f = self.flat
+            self._max_abs = float(max(f.max(), -f.min())) if f.size else 0.0
+        return self._max_abs
 
     @property
     def norm(self) -> float:
         if self._norm is None:
-            flat = self.v.ravel()
-            self._norm = float(np.sqrt(_dot(flat, flat)))
+            self._norm = float(np.sqrt(_dot(self.flat, self.flat)))
         return self._norm
 
 
-def _ratio(diff: np.ndarray, allowed: np.ndarray) -> np.ndarray:
-    """|a-b| / allowed elementwise, 0 where a == b (inf where nothing is allowed and they differ).
+# A pair is compared in blocks of this many elements.  Each elementwise step (the difference, |b|, the allowed
+# error, the ratios) writes a temporary: leaf-sized ones stream every step through memory, and a fresh one is
+# mapped by the kernel page by page (a leaf of ResNet-18 is 19 MB in float64); a block's stay in the core's cache,
+# in buffers reused from block to block.  The results are the same but for the order of the sums (the norm of the
+# difference); see docs/decisions.md, "Comparing a pair in blocks".
+BLOCK = 1 << 14
 
-    Two passes and one new array: where a == b and nothing is allowed the quotient is 0/0, a NaN, and
-    ``fmax(NaN, 0)`` is 0 (a masked divide into a zeroed array cost twice as much on ResNet-18's leaves).
+
+class _Blocks:
+    """The elementwise quantities of one pair, block by block: ``|a - b|``, ``|b|`` and the allowed error
+    ``atol + rtol (|b| + value_scale)``, in buffers reused for every block."""
+
+    def __init__(self, a: _Operand, b: _Operand, rtol: float, atol: float, value_scale: np.ndarray | None):
+        self.a, self.b, self.rtol, self.atol = a.flat, b.flat, rtol, atol
+        self.scale = None if value_scale is None else value_scale.reshape(-1)
+        m = min(BLOCK, self.a.size)
+        dtype = np.result_type(self.a, self.b)
+        self.diff, self.babs, self.allowed, self.ratio = (np.empty(m, dtype) for _ in range(4))
+        self.spare = np.empty(m, np.result_type(dtype, np.float64)) if value_scale is not None else None
+
+    def __iter__(self):
+        """``(start, diff, babs, allowed)`` per block; ``diff`` holds ``a - b`` until the caller takes its
+        absolute value (``absolute``), so that the signed difference's norm is taken first."""
+        n = self.a.size
+        for lo in range(0, n, BLOCK):
+            hi = min(lo + BLOCK, n)
+            m = hi - lo
+            diff, babs, allowed = self.diff[:m], self.babs[:m], self.allowed[:m]
+            np.subtract(self.a[lo:hi], self.b[lo:hi], out=diff)
+            np.abs(self.b[lo:hi], out=babs)
+            np.multiply(babs, self.rtol, out=allowed)
+            if self.scale is not None:
+                spare = self.spare[:m]
+                np.multiply(self.scale[lo:hi], self.rtol, out=spare)
+                allowed += spare
+            allowed += self.atol
+            yield lo, diff, babs, allowed
+
+    def ratios(self):
+        """``(start, |a - b| / allowed)`` per block (see ``_ratio``)."""
+        for lo, diff, _, allowed in self:
+            np.abs(diff, out=diff)
+            yield lo, _ratio(diff, allowed, self.ratio[:diff.size])
+
+
+def _ratio(diff: np.ndarray, allowed: np.ndarray, out: np.ndarray) -> np.ndarray:
+    """|a-b| / allowed elementwise into ``out``, 0 where a == b (inf where nothing is allowed and they differ).
+
+    Two passes: where a == b and nothing is allowed the quotient is 0/0, a NaN, and ``fmax(NaN, 0)`` is 0.
     """
     with np.errstate(divide="ignore", invalid="ignore"):
-        ratio = np.divide(diff, allowed, out=np.empty_like(diff))
-    return np.fmax(ratio, 0.0, out=ratio)
+        np.divide(diff, allowed, out=out)
+    return np.fmax(out, 0.0, out=out)
+
+
+class _Largest:
+    """The first largest value of a blockwise pass and its flat index (np.argmax's choice over the whole array)."""
+
+    def __init__(self):
+        self.value, self.at = -np.inf, 0
+
+    def see(self, lo: int, block: np.ndarray) -> None:
+        k = int(np.argmax(block))
+        if block[k] > self.value:
+            self.value, self.at = float(block[k]), lo + k
 
 
 def _pair(a: _Operand, b: _Operand, tol: ResolvedTolerance, scale: float, backend: str,
-          reference: str, value_scale: np.ndarray | None = None) -> tuple[PairResult, Callable[[], np.ndarray]]:
-    """The pair's result, and a function giving its elementwise error ratios (for the worst-element table).
-
-    The ratios are materialised only where the verdict needs them (the
-    elementwise criterion) or the leaf shows them (its worst pair).
-    """
-    atol = tol.absolute(scale)
-    diff = np.asarray(a.v - b.v)  # an array even for 0-d leaves (a scalar loss), so it can be written in place
-    flat = diff.ravel()
-    nd = float(np.sqrt(_dot(flat, flat)))
-    np.abs(diff, out=diff)
-    allowed = tol.rtol * b.abs
-    if value_scale is not None:
-        allowed += tol.rtol * value_scale
-    allowed += atol
-    rel = _ratio(diff, b.abs)
-    bad = diff > allowed
-    ratio = _ratio(diff, allowed) if tol.criterion != "norm" else None
+          reference: str, value_scale: np.ndarray | None = None) -> tuple[PairResult, Callable[[], Iterator]]:
+    """The pair's result, and a function giving its elementwise error ratios block by block (for the
+    worst-element table, which only the leaf's worst pair needs)."""
+    blocks = _Blocks(a, b, tol.rtol, tol.absolute(scale), value_scale)
+    elementwise = tol.criterion != "norm"
+    squares, mismatched, headroom = 0.0, 0, 0.0
+    largest_abs, largest_rel = _Largest(), _Largest()
+    for lo, diff, babs, allowed in blocks:
+        squares += _dot(diff, diff)
+        np.abs(diff, out=diff)
+        largest_abs.see(lo, diff)
+        mismatched += int(np.count_nonzero(diff > allowed))
+        ratio = blocks.ratio[:diff.size]
+        largest_rel.see(lo, _ratio(diff, babs, ratio))
+        if elementwise:
+            headroom = max(headroom, float(np.max(_ratio(diff, allowed, ratio))))
+    nd = float(np.sqrt(squares))
     na, nb = a.norm, b.norm
-    out = PairResult(backend=backend, reference=reference, verdict="agree", mismatched=int(np.count_nonzero(bad)),
-                     total=int(diff.size))
-    if diff.size:
-        i = np.unravel_index(int(np.argmax(diff)), diff.shape)
-        out.max_abs, out.max_abs_index = float(diff[i]), [int(k) for k in i]
-        j = np.unravel_index(int(np.argmax(rel)), rel.shape)
-        out.max_rel, out.max_rel_index = float(rel[j]), [int(k) for k in j]
+    size, shape = a.flat.size, a.v.shape
+    out = PairResult(backend=backend, reference=reference, verdict="agree", mismatched=mismatched, total=size)
+    if size:
+        out.max_abs, out.max_abs_index = largest_abs.value, [int(k) for k in np.unravel_index(largest_abs.at, shape)]
+        out.max_rel, out.max_rel_index = largest_rel.value, [int(k) for k in np.unravel_index(largest_rel.at, shape)]
     out.rel_err_norm = nd / nb if nb > 0 else (0.0 if nd == 0 else float("inf"))
-    out.cosine = _dot(a.v.ravel(), b.v.ravel()) / (na * nb) if na > 0 and nb > 0 else float(na == nb)
+    out.cosine = _dot(a.flat, b.flat) / (na * nb) if na > 0 and nb > 0 else float(na == nb)
     if tol.criterion == "norm":
         limit = tol.norm_rtol
         out.headroom = out.rel_err_norm / limit if limit > 0 else (0.0 if nd == 0 else float("inf"))
         failed = out.headroom > 1.0
         what = f"relative error norm {out.rel_err_norm:.3g} > {limit:.3g}"
     else:
-        out.headroom = float(np.max(ratio)) if diff.size else 0.0
+        out.headroom = headroom
         failed = out.mismatched > 0
         what = f"{out.mismatched}/{out.total} elements off"
     if failed:
         out.verdict = "disagree"
         out.message = (f"{backend} vs {reference}: {what}, max abs {out.max_abs:.3g} at {out.max_abs_index}, "
                        f"max rel {out.max_rel:.3g}, headroom {out.headroom:.3g}")
-    return out, (lambda: ratio) if ratio is not None else (lambda: _ratio(diff, allowed))
+    return out, blocks.ratios
 
 
 def compare_leaf(path: str, role: str, arrays: dict, *, dtype: str, rules: ToleranceRules, layer: str = "",
@@ -171,13 +225,13 @@ def compare_leaf(path: str, role: str, arrays: dict, *, dtype: str, rules: Toler
     if structural or not expect_array:
         return leaf
 
-    finite = {n: np.isfinite(v) if v.dtype.kind in "fc" else np.ones(v.shape, bool) for n, v in given.items()}
-    if not all(f.all() for f in finite.values()):
-        return _nonfinite(leaf, given, finite)
+    if not all(_finite(v) for v in given.values()):
+        return _nonfinite(leaf, given, {n: np.isfinite(v) if v.dtype.kind in "fc" else np.ones(v.shape, bool)
+                                        for n, v in given.items()})
 
     operands = {n: _Operand(v) for n, v in given.items()}
     leaf.norms = {n: w.norm for n, w in operands.items()}
-    maxes = sorted(float(np.max(w.abs)) if w.v.size else 0.0 for w in operands.values())
+    maxes = sorted(w.max_abs for w in operands.values())
     scale = maxes[len(maxes) // 2] if len(maxes) % 2 else 0.5 * (maxes[len(maxes) // 2 - 1] + maxes[len(maxes) // 2])
     if role == "buffer":
         scale = max(scale, case_scale)
@@ -337,26 +391,43 @@ def _nonfinite(leaf: LeafResult, given, finite) -> LeafResult:
     return leaf
 
 
-def _attach_worst(leaf: LeafResult, given, worst: PairResult, ratio: np.ndarray) -> None:
-    """The worst pair's few worst elements (every backend's value there) and its histogram of error ratios."""
-    if not ratio.size:
+def _finite(v: np.ndarray) -> bool:
+    """No NaN or Inf in ``v``: its smallest and largest elements are finite (a NaN is the min and the max
+    of any array it is in), found without an array of flags."""
+    if v.dtype.kind not in "fc" or not v.size:
+        return True
+    if v.dtype.kind == "c":
+        return bool(np.isfinite(v).all())
+    return bool(np.isfinite(v.min()) and np.isfinite(v.max()))
+
+
+def _attach_worst(leaf: LeafResult, given, worst: PairResult, ratios: Iterator) -> None:
+    """The worst pair's few worst elements (every backend's value there) and its histogram of error ratios,
+    from its ratios block by block (``_Blocks.ratios``)."""
+    n_bins = len(HIST_EDGES) - 1
+    counts = np.zeros(n_bins, np.int64)
+    best_ratio, best_at = np.empty(0), np.empty(0, np.intp)  # the worst few so far
+    for lo, ratio in ratios:
+        # Only the worst few are shown: a block's candidates are the elements worse than the worst few
+        # so far (once there are that many), a comparison where a partial selection would cost far more.
+        top = np.flatnonzero(ratio > best_ratio.min()) if best_ratio.size == WORST_ELEMENTS else None
+        if top is None or top.size:
+            best_ratio = np.concatenate([best_ratio, ratio if top is None else ratio[top]])
+            best_at = np.concatenate([best_at, lo + (np.arange(ratio.size) if top is None else top)])
+            keep = np.argsort(-best_ratio, kind="stable")[:WORST_ELEMENTS]  # ties: the first element first
+            best_ratio, best_at = best_ratio[keep], best_at[keep]
+        # Decades of the ratio, clipped into the histogram's range (exact zeros in the lowest bin); the edges
+        # are whole decades, so a floor is the bin and no sort is needed.
+        with np.errstate(divide="ignore"):
+            logs = np.log10(ratio)
+        bins = np.clip(np.floor(logs - HIST_EDGES[0]), 0, n_bins - 1).astype(np.intp)
+        counts += np.bincount(bins, minlength=n_bins)
+    if not best_at.size:
         return
-    ratio = ratio.ravel()
-    # Only the worst few are shown: a partial selection, not a sort of millions of elements.
-    k = min(WORST_ELEMENTS, ratio.size)
-    top = np.argpartition(ratio, ratio.size - k)[ratio.size - k:]
-    top = top[np.argsort(ratio[top])[::-1]]
-    for flat in top:
-        idx = np.unravel_index(int(flat), given[worst.backend].shape)
-        leaf.worst.append({"index": [int(k) for k in idx], "ratio": float(ratio[flat]),
+    for j in np.argsort(-best_ratio, kind="stable"):
+        idx = np.unravel_index(int(best_at[j]), given[worst.backend].shape)
+        leaf.worst.append({"index": [int(k) for k in idx], "ratio": float(best_ratio[j]),
                            "values": {n: float(v[idx]) for n, v in given.items()}})
-    # Decades of the ratio, clipped into the histogram's range (exact zeros in the lowest bin); the edges
-    # are whole decades, so a floor is the bin and no sort is needed.
-    with np.errstate(divide="ignore"):
-        logs = np.log10(ratio)
-    lo, n_bins = HIST_EDGES[0], len(HIST_EDGES) - 1
-    bins = np.clip(np.floor(logs - lo), 0, n_bins - 1).astype(np.intp)
-    counts = np.bincount(bins, minlength=n_bins)
     leaf.histogram = {"edges": HIST_EDGES, "counts": [int(c) for c in counts],
                       "pair": [worst.backend, worst.reference]}
 
