@@ -181,7 +181,7 @@ def test_console_script_entry_point_is_installed():
     from importlib.metadata import entry_points
 
     (ep,) = [e for e in entry_points(group="console_scripts") if e.name == "gradcheck"]
-    assert ep.value == "gradcheck.app.cli:main"
+    assert ep.value == "gradcheck.app.cli:command"
 
 
 def test_importing_gradcheck_does_not_import_torch_or_jax():

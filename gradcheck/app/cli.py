@@ -3,7 +3,8 @@
 Exit codes: 0 every case agrees, 1 any disagreement (or a structural,
 non-finite, vacuous or errored case), 2 usage error (bad target, backend,
 option or config), 3 internal error (a bug in gradcheck: please report it),
-130 interrupted (every finished case is already on disk).
+130 interrupted (every finished case is already on disk), 141 the reader of
+its output went away (``gradcheck list | head``).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import sys
 import time
 import traceback
 
-EXIT_OK, EXIT_DISAGREE, EXIT_USAGE, EXIT_INTERNAL, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
+EXIT_OK, EXIT_DISAGREE, EXIT_USAGE, EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_BROKEN_PIPE = 0, 1, 2, 3, 130, 141
 DEFAULT_OUTPUT = "gradcheck-report"
 
 
@@ -115,6 +116,14 @@ def _report_paths(args) -> dict:
     return {fmt.name: getattr(args, fmt.dest) for fmt in formats.registered()}
 
 
+def command() -> None:
+    """The ``gradcheck`` console command: ``main``, then the process ends without interpreter teardown
+    (``gradcheck.app.finish``)."""
+    from gradcheck.app.finish import exit_now
+
+    sys.exit(exit_now(main()))
+
+
 def main(argv=None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -133,6 +142,11 @@ def main(argv=None) -> int:
     except KeyboardInterrupt:
         print("\ngradcheck: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
+    except BrokenPipeError:
+        # The reader of the output went away (``gradcheck list | head``): stop quietly, as a command killed by
+        # SIGPIPE would, with nothing left to write at exit.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_BROKEN_PIPE
     except Exception:
         print("gradcheck: internal error (a bug in gradcheck; please report it with this traceback):",
               file=sys.stderr)

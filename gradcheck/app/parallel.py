@@ -373,6 +373,10 @@ def worker_main(conn, setup: Callable, names: list[str]) -> None:
         except (EOFError, OSError):  # the parent is gone
             return
         if i is None:
+            conn.close()
+            from gradcheck.app.finish import exit_now
+
+            exit_now(0)  # without teardown; returns where teardown must run (gradcheck.app.finish)
             return
         try:
             result = run_case(cases[i], options)

@@ -413,6 +413,15 @@ def _compile_pool():
     return _pool
 
 
+def finish_compilations() -> None:
+    """Wait for the compilations ``prepare`` started (each writes jax's persistent cache when it ends) and stop
+    their thread: what the end of the process needs (``gradcheck.app.finish``)."""
+    global _pool
+    if _pool is not None:
+        _pool.shutdown(wait=True)
+        _pool = None
+
+
 def _numpy(x):
     # A writeable copy: np.asarray of a jax array may be a read-only view of its buffer.
     return np.array(x)
