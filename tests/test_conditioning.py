@@ -112,6 +112,21 @@ def test_the_probe_moves_each_element_by_one_ulp_from_the_seed():
     assert not np.array_equal(conditioning.perturbed(values, seed=4)["a"], moved["a"])
 
 
+def test_the_probe_in_blocks_is_the_probe_on_the_whole_array(monkeypatch):
+    """Computed in blocks (``_BLOCK``), each element moves as if the array were one block: the same draws, the
+    same steps, zeros, infinities and NaNs kept, whatever block an element falls in."""
+    rng = np.random.default_rng(0)
+    v = rng.standard_normal(1003) * 10.0 ** rng.integers(-300, 300, size=1003)
+    v[[0, 7, 500, 1001]] = [0.0, np.inf, np.nan, -np.inf]
+    whole = conditioning.perturbed({"v": v}, seed=2)["v"]
+    monkeypatch.setattr(conditioning, "_BLOCK", 7)
+    blocks = conditioning.perturbed({"v": v}, seed=2)["v"]
+    assert np.array_equal(whole, blocks, equal_nan=True)
+    finite = np.isfinite(v) & (v != 0)
+    assert np.all((blocks == np.nextafter(v, np.inf)) | (blocks == np.nextafter(v, -np.inf)) | ~finite)
+    assert np.array_equal(blocks[~finite], v[~finite], equal_nan=True)
+
+
 # ---------------------------------------------------------------- the loss-noise probe's base
 def _dense_dropout(rng):
     return L.Chain(L.Dense(6, 8, activation=ops.tanh, rng=rng), L.Dropout(0.3, rng=rng), L.Dense(8, 3, rng=rng))
