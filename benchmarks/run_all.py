@@ -215,7 +215,7 @@ def _targets(r) -> list[str]:
         # next is said so, not "met".
         repeats = [x["summary"]["ratio"] for x in r.get("cli_repeats", {}).get("series", [])]
         missed = [x for x in repeats if x > 1.3]
-        again = (f"; repeated: {', '.join(_s(x) + 'x' for x in repeats)} (§ figure 2 twice more)" if repeats else "")
+        again = (f"; repeated: {', '.join(_s(x) + 'x' for x in repeats)} (§ figure 2 again)" if repeats else "")
         rows.append(("… ≤ 1.3x the bare frameworks (float32 and float64, jax compilation in both)",
                      f"{_s(cli['ratio'])}x ({_s(cli['harness_wall_median'])} s vs {_s(cli['bare_wall_median'])} s)"
                      + ("" if ok else f"; missed by {_s(cli['harness_wall_median'] - 1.3 * cli['bare_wall_median'])} s"
