@@ -224,9 +224,15 @@ def _targets(r) -> list[str]:
                      if ok and missed else _status(ok)))
         if "warm_ratio" in cli:
             ok = cli["warm_ratio"] <= 0.8
+            warm = [x["summary"]["warm_ratio"] for x in r.get("cli_repeats", {}).get("series", [])
+                    if "warm_ratio" in x["summary"]]
+            met = [x for x in warm if x <= 0.8]
+            again = f"; repeated: {', '.join(_s(x) + 'x' for x in warm)} (§ figure 2 again)" if warm else ""
             rows.append(("… warm cache (a second run) ≤ 0.8x the cold bare frameworks",
-                         f"{_s(cli['warm_ratio'])}x ({_s(cli['warm_wall_median'])} s vs {_s(cli['bare_wall_median'])} s)",
-                         _status(ok)))
+                         f"{_s(cli['warm_ratio'])}x ({_s(cli['warm_wall_median'])} s vs {_s(cli['bare_wall_median'])} s)"
+                         + again,
+                         f"**met in {int(ok) + len(met)} of {1 + len(warm)} series**"
+                         if warm and (ok or met) and not (ok and len(met) == len(warm)) else _status(ok)))
         rows.append(("peak memory of `gradcheck run resnet18` ≤ 3 GiB",
                      f"{cli['harness_peak_rss_mib'] / GIB:.2f} GiB", _status(cli["harness_peak_rss_mib"] <= 3 * GIB)))
     rows += _by_hand_targets(r)
