@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from gradcheck.check import compare
-from gradcheck.check.tolerance import ToleranceRules
+from gradcheck.check.tolerance import Rule, ToleranceRules
 
 RULES = ToleranceRules()
 
@@ -108,3 +108,20 @@ def test_a_nan_or_inf_anywhere_is_found(monkeypatch):
     leaf = compare.compare_leaf("w", "param", {"torch": clean, "tape": clean.copy()}, dtype="float64",
                                 rules=RULES, case_scale=1.0)
     assert leaf.verdict == "agree"
+
+
+@pytest.mark.parametrize("block", [7, compare.BLOCK])
+def test_an_error_exactly_at_the_tolerance_agrees(monkeypatch, block):
+    """``|a - b| == atol + rtol |b|`` agrees, as torch.testing and numpy.isclose have it (headroom exactly 1);
+    one ulp more is a mismatch, counted in every block it falls in.  Dyadic tolerances make the bound exact."""
+    monkeypatch.setattr(compare, "BLOCK", block)
+    tol = ToleranceRules(rules=[Rule(rtol=0.5, atol=0.25, atol_scale=0.0, criterion="elementwise")]).resolve(
+        "w", "float64")
+    b = np.ones(20)
+    a = b + 0.75  # exactly the allowed error at every element
+    pair, _ = compare._pair(compare._Operand(a), compare._Operand(b), tol, 1.0, "torch", "tape")
+    assert (pair.verdict, pair.mismatched, pair.headroom) == ("agree", 0, 1.0)
+    a[[3, 15]] = np.nextafter(1.75, np.inf)  # one ulp beyond, in the first and the third block of 7
+    pair, _ = compare._pair(compare._Operand(a), compare._Operand(b), tol, 1.0, "torch", "tape")
+    assert (pair.verdict, pair.mismatched) == ("disagree", 2)
+    assert pair.headroom > 1.0 and pair.max_abs_index == [3]
