@@ -9,6 +9,8 @@ every test here uses folders of its own.
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import json
 import os
 import subprocess
@@ -156,21 +158,31 @@ def _model(rng):
 CASE = Case("dense_chain", _model, lambda rng: (rng.standard_normal((2, 3)),))
 
 
-def test_a_faulty_op_is_compiled_anew_and_caught_and_the_clean_program_is_served(tmp_path, monkeypatch):
+@contextlib.contextmanager
+def served_from(folder: Path):
+    """``check(case) -> (result, programs read from folder, entries in folder)``, with nothing compiled in this
+    process reused: only the folder can serve a program."""
     jax = pytest.importorskip("jax")
     hits = []
     listener = lambda event, **kw: hits.append(event) if event == HITS else None  # noqa: E731
     jax.monitoring.register_event_listener(listener)
     try:
-        jax_driver.use_compile_cache(str(tmp_path), "--cache-dir")
+        jax_driver.use_compile_cache(str(folder), "--cache-dir")
         jax_driver.configure_jax()
         options = RunOptions(backends=("tape", "jax"), repeat=False)
 
-        def check():
-            jax.clear_caches()  # nothing compiled in this process is reused: only the folder can serve it
+        def check(case=CASE):
+            jax.clear_caches()
             hits.clear()
-            return run_case(CASE, options), len(hits), entries(tmp_path)
+            return run_case(case, options), len(hits), entries(folder)
 
+        yield check
+    finally:
+        jax.monitoring.unregister_event_listener(listener)
+
+
+def test_a_faulty_op_is_compiled_anew_and_caught_and_the_clean_program_is_served(tmp_path, monkeypatch):
+    with served_from(tmp_path) as check:
         clean, clean_hits, filled = check()
         assert clean.verdict == "agree" and filled and clean_hits == 0
 
@@ -186,8 +198,27 @@ def test_a_faulty_op_is_compiled_anew_and_caught_and_the_clean_program_is_served
         assert control.verdict == "agree" and control_hits >= 2  # float32 and float64 programs from the folder
         assert after_control == after_fault  # nothing compiled anew
         assert to_dict(control)["leaves"] == to_dict(clean)["leaves"]  # the served executables compute what the compiled ones did
-    finally:
-        jax.monitoring.unregister_event_listener(listener)
+
+
+def test_another_seed_is_served_the_same_programs_and_still_catches_a_fault(tmp_path, monkeypatch):
+    """The loss's cotangents, drawn from the case seed, are inputs of jax's programs, not constants in them: a
+    second seed is served the first seed's float32 and float64 executables with its own cotangents, and agrees with
+    the tape (served the first seed's cotangents, jax's gradients would not); a wrong gradient injected into jax
+    at a third seed is compiled anew and blamed on jax."""
+    with served_from(tmp_path) as check:
+        first, first_hits, filled = check(dataclasses.replace(CASE, seed=0))
+        assert first.verdict == "agree" and first_hits == 0 and filled
+        second, second_hits, after = check(dataclasses.replace(CASE, seed=1))
+        assert second.verdict == "agree" and second.leaves_compared == first.leaves_compared
+        assert second_hits >= 2 and after == filled  # both programs from the folder, nothing compiled anew
+        grads = lambda res: [x.norms["jax"] for x in res.leaves if x.role == "param"]  # noqa: E731
+        assert grads(second) != grads(first)  # the control: another seed, other gradients
+
+        wrong_bias_gradient(monkeypatch, "jax")
+        faulty, _, after_fault = check(dataclasses.replace(CASE, seed=2))
+        assert faulty.verdict == "disagree" and after_fault > filled
+        assert {x.path for x in faulty.leaves if x.verdict == "disagree"} == {"0.bias", "1.bias"}
+        assert all(x.blame == ["jax"] for x in faulty.leaves if x.verdict == "disagree")
 
 
 # ---------------------------------------------------------------- across processes

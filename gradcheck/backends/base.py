@@ -48,6 +48,15 @@ def split_output(out):
     return (out[0], out) if isinstance(out, tuple) else (out, out)
 
 
+def program_data(f):
+    """``(arrays, rebuild)``: the arrays ``f`` closes over that a compiling backend takes as inputs of its program
+    rather than constants compiled into it, and ``rebuild(values)``, ``f`` with ``values`` in their place; None for
+    a function that declares none (a user's own).  The runner's cross-check loss declares its cotangents
+    (``runner.CaseRun.loss_fn``): they are drawn from the case seed, and as constants they made every seed's
+    program a new one to jax's compilation cache."""
+    return getattr(f, "program_data", None)
+
+
 def read_buffers(args, prefixes, to_numpy) -> dict[str, Any]:
     """Buffer values after f ran (a layer updates a buffer by assigning the field)."""
     return {leaf.path: to_numpy(leaf.value) for leaf in all_leaves(args, prefixes) if leaf.kind == "buffer"}

@@ -39,6 +39,7 @@ interrupted run loses nothing.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import platform
@@ -127,6 +128,20 @@ def _loss(outs, cotangents):
     return loss
 
 
+def _loss_function(forward, cotangents):
+    """``f(*args) -> (loss, *outputs)``, the loss being the cross-check loss of ``forward``'s outputs."""
+
+    def f(*args):
+        outs = _as_list(forward(*args))
+        return (_loss(outs, cotangents), *outs)
+
+    # A compiling backend takes the cotangents as inputs of its program (``backends.base.program_data``): one
+    # program then serves every seed of a model, and jax's persistent cache finds it for each.  (Rebuilt from
+    # the forward alone: f must not hold the case's run, which a backend's cache of compiled programs keeps.)
+    f.program_data = (list(cotangents), functools.partial(_loss_function, forward))
+    return f
+
+
 class CaseRun:
     """Everything one case needs, built once from its seed."""
 
@@ -172,13 +187,7 @@ class CaseRun:
         self.referee: _LeafReferee | None = None
 
     def loss_fn(self, cotangents):
-        forward = self.forward
-
-        def f(*args):
-            outs = _as_list(forward(*args))
-            return (_loss(outs, cotangents), *outs)
-
-        return f
+        return _loss_function(self.forward, cotangents)
 
     def restore_changed(self, backend: str, before: dict, res: CaseResult) -> None:
         """Report a backend that changed the arrays it was handed (``localise.check_unchanged`` against the

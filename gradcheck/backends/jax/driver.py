@@ -88,6 +88,7 @@ from gradcheck.backends.base import (
     all_leaves,
     arg_prefixes,
     map_output,
+    program_data,
     split_output,
 )
 from gradcheck.check import kinks
@@ -326,6 +327,11 @@ class JaxBackend(Backend):
         other_vals = tuple(_to_jax(jax, leaf) for leaf in other)
         # Called inside an outer jax transformation: stay traced, return jax values.
         nested = any(isinstance(v, jax.core.Tracer) for v in train_vals + other_vals)
+        # The arrays f declares (its cotangents, ``program_data``) follow the other leaves as inputs of the
+        # program, so that it is the same program whatever their values (``_pure`` splits them off again).
+        data = program_data(f)
+        if data is not None and not nested:
+            other_vals += tuple(jax.device_put(np.asarray(a)) for a in data[0])
         # A float32 run pinned to the float64 reference's kinks (gradcheck.check.kinks): the decisions are inputs
         # of the compiled function, not constants baked into it, and the crossings come back as outputs.
         state = kinks.active()
@@ -379,17 +385,22 @@ class JaxBackend(Backend):
         return grad_run, rebuild_cell
 
     def _pure(self, f, skeleton, prefixes, train_paths, other_paths, rebuild_cell):
+        data, n_other = program_data(f), len(other_paths)
+
         def pure(train_vals, other_vals, pin_vals, pin):
             self.traces += 1
+            # What follows the leaves is f's declared arrays (``_inputs``): f is made around them, traced.
+            other_vals, given = other_vals[:n_other], other_vals[n_other:]
+            f_now = data[1](list(given)) if given else f
             values = dict(zip(other_paths, other_vals, strict=True))
             values.update(zip(train_paths, train_vals, strict=True))
             targs = [map_leaves(s, lambda path, v, kind: values[path], p) for s, p in zip(skeleton, prefixes, strict=True)]
             if pin is None:
-                loss, value = split_output(f(*targs))
+                loss, value = split_output(f_now(*targs))
                 crossed = []
             else:
                 with kinks.resumed(pin), kinks.decisions_as(pin, pin_vals) as state:
-                    loss, value = split_output(f(*targs))
+                    loss, value = split_output(f_now(*targs))
                     crossed = list(state.crossed)
             arrays, rebuild_cell["value"] = _split_arrays(value)
             buffers = {leaf.path: leaf.value for leaf in all_leaves(targs, prefixes) if leaf.kind == "buffer"}
