@@ -52,7 +52,7 @@ def program_data(f):
     """``(arrays, rebuild)``: the arrays ``f`` closes over that a compiling backend takes as inputs of its program
     rather than constants compiled into it, and ``rebuild(values)``, ``f`` with ``values`` in their place; None for
     a function that declares none (a user's own).  The runner's cross-check loss declares its cotangents
-    (``runner.CaseRun.loss_fn``): they are drawn from the case seed, and as constants they made every seed's
+    (``runner._loss_function``): they are drawn from the case seed, and as constants they made every seed's
     program a new one to jax's compilation cache."""
     return getattr(f, "program_data", None)
 
