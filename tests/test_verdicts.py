@@ -197,6 +197,60 @@ def test_imprecise_fails_the_case_when_asked():
     assert leaf(r, "0.weight").verdict == "imprecise" and leaf(r, "0.weight").blame == ["torch"]
 
 
+# ---------------------------------------------------------------- float32 measured as it returns
+@contextlib.contextmanager
+def float32_gradient_fault(backend: str, fault: str, path: str = "0.weight"):
+    """One backend's float32 gradient of ``path`` made wrong where only the float32 measurement can see it:
+    ``imprecise`` (off by 3e-3 of itself), ``float64`` (the right values, typed float64) or ``missing``."""
+    from gradcheck.backends import get_backend
+
+    driver = get_backend(backend)
+    original = driver.evaluate
+
+    def evaluate(f, args, prefixes=None, **kw):
+        ev = original(f, args, prefixes, **kw)
+        g = ev.grads.get(path)
+        if g is None or np.asarray(g).dtype != np.float32:
+            return ev
+        g = np.asarray(g)
+        if fault == "missing":
+            del ev.grads[path]
+        else:
+            ev.grads[path] = (g * np.float32(1 + 3e-3)) if fault == "imprecise" else g.astype(np.float64)
+        return ev
+
+    driver.evaluate = evaluate
+    try:
+        yield
+    finally:
+        del driver.evaluate
+
+
+@pytest.mark.parametrize("backend", ALL)
+@pytest.mark.parametrize("fault,expected", [("imprecise", "imprecise"), ("float64", "structural"),
+                                            ("missing", "structural")])
+def test_a_float32_gradient_fault_is_found_on_each_backend(backend, fault, expected):
+    """The runner measures each backend's float32 gradients against its float64 ones as they return
+    (runner._measured32) and holds only the measurement: that is enough to find each fault, on the backend it is
+    on, and float64's verdict stays untouched."""
+    with float32_gradient_fault(backend, fault):
+        r = run_case(CONV_CASE, RunOptions(backends=ALL))
+    w = leaf(r, "0.weight")
+    assert w.float32.verdict == expected and w.float32.imprecise == [backend], w.float32
+    if fault == "imprecise":
+        assert w.float32.errors[backend] > 100 * max(e for b, e in w.float32.errors.items() if b != backend)
+    else:
+        assert {"float64": "in float64", "missing": "gives no float32 result"}[fault] in w.float32.message
+    assert all(x.float32 is None or x.float32.verdict == "ok" for x in r.leaves if x.path != "0.weight"), \
+        [(x.path, x.float32) for x in r.leaves if x.float32 is not None and x.float32.verdict != "ok"]
+
+
+def test_without_a_fault_no_float32_gradient_is_flagged():
+    r = run_case(CONV_CASE, RunOptions(backends=ALL))
+    parts = [x.float32 for x in r.leaves if x.float32 is not None]
+    assert parts and all(p.verdict == "ok" and set(p.errors) == set(ALL) for p in parts), parts
+
+
 def test_correct_backends_are_not_imprecise():
     r = run_case(CONV_CASE, RunOptions(backends=ALL))
     assert r.verdict == "agree" and r.float32 == "ok"

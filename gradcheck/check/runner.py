@@ -7,22 +7,26 @@
    the float64 reference forward on numpy, which records every kink's branch
    (``gradcheck.check.kinks``) and counts its work (``gradcheck.check.cost``).
 2. ``_run_backends``: each backend in float64, then in float32 pinned to the
-   reference's kinks; a backend that compiles (jax) runs its float32 call
-   twice, the second timing the computation alone.  The eager backends run
+   reference's kinks, called twice (``repeat``: the second call tells
+   nondeterminism apart, and times jax's computation without its
+   compilation) and reduced to its spreads at once (``_spreads``).  Each backend's float32
+   gradients are measured against its float64 ones as they return, and only
+   the measurement is kept (``_measured32``).  The eager backends run
    first, while jax compiles beside them.  One backend that fails is that
    backend's recorded error; the others go on.  A backend that writes into
    the arrays it was handed is reported, and the next one gets the case's
    values again (``CaseRun.restore_changed``).
 3. ``_compare``: every leaf (forward outputs, updated buffers, gradients)
-   compared across backends in float64, once (``gradcheck.check.compare``).
+   compared across backends in float64, once (``gradcheck.check.compare``),
+   and its float32 part: each backend's float32 result against its own
+   float64 one (``verdict.float32_part``).
 4. ``_referee``: float64 central differences where blame is needed, or for
    every leaf when that is cheap (``gradcheck.check.referee``).
 5. ``gradcheck.check.verdict``: blame from the referee or a majority.
 6. ``_within_reach``: what still disagrees is held to float64's own reach
    at this point (every float leaf moved by a unit roundoff, one more float64
    call per backend, ``gradcheck.check.conditioning``) before anyone is
-   blamed for it; then each backend's float32 result measured against its
-   float64 one, and the case's verdict.
+   blamed for it; then the case's verdict.
 7. ``_run_checks``: the registered checks (``gradcheck.check.checks``), in
    order, each where its options ask for it: the per-layer replay that finds
    where a disagreement starts (``gradcheck.check.localise``), the origin
@@ -230,6 +234,7 @@ class BackendRun:
     """One backend's answers for a case: float64 (decides) and float32 (measured; None for float64-only cases)."""
 
     ev64: object
+    # float32: its outputs and buffers, and its gradients already measured against ev64's (``_measured32``)
     ev32: object = None
     # How far a second call on the same inputs, in the case's precision, moved from the first, leaf by leaf
     # (``_spreads``: the first call's shape, a float per array); None when not repeated.  Only the spreads are
@@ -397,8 +402,20 @@ def _evaluate_backend(name, cr: CaseRun, options: RunOptions, res: CaseResult, r
             again = _float32(driver, f32, cr, res, name)[0]
             timing.second = time.perf_counter() - t0 if driver.compiles else None
             run.spread = _spreads(run.ev32, again)
+            again = None
     except Exception as exc:
         res.errors[f"{name} (float32)"] = short_error(exc)
+    if run.ev32 is not None:
+        run.ev32 = _measured32(name, run.ev32, run.ev64)
+
+
+def _measured32(name: str, ev32: Evaluation, ev64: Evaluation) -> Evaluation:
+    """``ev32`` with each gradient measured against ``ev64``'s as it returns (``verdict.Measured32``), which is all
+    the comparison reads of it: a float32 case then holds no backend's float32 gradients beside the next backend's
+    run (half a float64 copy of the model per backend).  Outputs and buffers stay arrays: a running statistic is
+    measured at a scale that takes every backend's float64 buffers (``compare.statistic_scales``)."""
+    grads = {p: verdict.measure_float32(name, g, ev64.grads.get(p, MISSING)) for p, g in ev32.grads.items()}
+    return Evaluation(value=ev32.value, grads=grads, buffers=ev32.buffers, leaves=ev32.leaves)
 
 
 def _float32(driver, f32, cr: CaseRun, res: CaseResult, name: str):
@@ -473,6 +490,11 @@ def _compare(cr: CaseRun, runs: dict[str, BackendRun], options: RunOptions, res:
     scale = _case_scale(grad_leaves)
     judged = [judge(leaf.path, role, lambda ev, p=leaf.path: ev.grads.get(p, MISSING),
                     layer=owners.get(leaf.path, ""), scale=scale) for leaf, role, _ in grad_leaves]
+    # Every leaf has been judged: the float32 results (outputs and buffers; the gradients were measured as they
+    # returned) have given their part and nothing after reads them, so they are not held beside the referee's
+    # direction and moved points, which come next.
+    for r in runs.values():
+        r.ev32 = None
     checks = _referee(cr, runs, [j for j in judged if j.verdict != "vacuous"], options, res, owners)
     res.leaves.extend(judged)
     for leaf in judged:

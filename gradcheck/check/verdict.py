@@ -35,6 +35,8 @@ which nothing is wrong never fails on precision.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from gradcheck.backends import reference_rank
@@ -209,33 +211,54 @@ def rel_error(a, b, scale=None) -> float | None:
     return float(np.linalg.norm(np.subtract(a, b, dtype=np.float64).ravel())) / nb
 
 
+@dataclass(frozen=True)
+class Measured32:
+    """One backend's float32 result for one leaf, measured against its own float64 one (``measure_float32``): all
+    that ``float32_part`` reads of the pair, so that the runner need not hold a model's float32 gradients until the
+    comparison (``runner._measured32``).  ``problem``: what is wrong with the float32 result ("structural": none, a
+    wrong shape or dtype; "nonfinite": NaN/Inf where float64 is finite), ``message`` says it; otherwise ``error``
+    is ``rel_error`` (None: undefined, as when the float64 result is missing)."""
+
+    error: float | None = None
+    problem: str = ""
+    message: str = ""
+
+
+def measure_float32(name: str, a, b, value_scale=None) -> Measured32:
+    """Backend ``name``'s float32 result ``a`` against its float64 ``b`` (see ``Measured32``)."""
+    if a is MISSING or a is None:
+        return Measured32(problem="structural", message=f"{name} gives no float32 result")
+    a = np.asarray(a)
+    if b is MISSING or b is None:
+        return Measured32()
+    b = np.asarray(b)
+    if a.shape != b.shape:
+        return Measured32(problem="structural",
+                          message=f"{name}'s float32 result has shape {a.shape}, its float64 one {b.shape}")
+    if a.dtype.kind == "f" and a.dtype != np.float32:
+        return Measured32(problem="structural", message=f"{name} computes this float32 leaf in {a.dtype}")
+    if not np.isfinite(a).all() and np.isfinite(b).all():
+        return Measured32(problem="nonfinite")
+    return Measured32(error=rel_error(a, b, value_scale))
+
+
 def float32_part(arrays32: dict, arrays64: dict, factor: float, floor: float, value_scale=None) -> Float32Result:
     """Each backend's float32 result against its own float64 one, and who is imprecise (see the module doc).
+    A backend's entry in ``arrays32`` is its float32 array, or that array already measured (``Measured32``).
     ``value_scale``: a running statistic's scale (``rel_error``)."""
     out = Float32Result()
     problems, broken, nonfinite = [], [], []
     for name in sorted(arrays32, key=reference_rank):
-        a, b = arrays32[name], arrays64.get(name, MISSING)
-        if a is MISSING or a is None:
-            problems.append(f"{name} gives no float32 result")
+        m = arrays32[name]
+        if not isinstance(m, Measured32):
+            m = measure_float32(name, m, arrays64.get(name, MISSING), value_scale)
+        if m.problem == "structural":
+            problems.append(m.message)
             broken.append(name)
-            continue
-        a = np.asarray(a)
-        if b is MISSING or b is None:
-            continue
-        b = np.asarray(b)
-        if a.shape != b.shape:
-            problems.append(f"{name}'s float32 result has shape {a.shape}, its float64 one {b.shape}")
-            broken.append(name)
-        elif a.dtype.kind == "f" and a.dtype != np.float32:
-            problems.append(f"{name} computes this float32 leaf in {a.dtype}")
-            broken.append(name)
-        elif not np.isfinite(a).all() and np.isfinite(b).all():
+        elif m.problem == "nonfinite":
             nonfinite.append(name)
-        else:
-            e = rel_error(a, b, value_scale)
-            if e is not None:
-                out.errors[name] = e
+        elif m.error is not None:
+            out.errors[name] = m.error
     if broken:
         out.verdict, out.imprecise, out.message = "structural", broken, "; ".join(problems)
         return out
