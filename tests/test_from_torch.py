@@ -376,6 +376,31 @@ def test_a_module_neither_capture_can_follow_gets_torchs_reason_and_the_ways_out
     assert "torch.cond" in message and "forward=" in message
 
 
+class _FixedSize(nn.Module):
+    """Built for one input width, and says so when handed another (as timm's patch embedding does)."""
+
+    def __init__(self, width=8):
+        super().__init__()
+        self.width = width
+        self.lin = nn.Linear(width, 3)
+
+    def forward(self, x):
+        torch._assert(x.shape[-1] == self.width, f"input width ({x.shape[-1]}) does not match the model ({self.width})")
+        return self.lin(x)
+
+
+def test_a_module_that_fails_on_its_example_inputs_is_told_so_not_sent_to_torch_cond():
+    with pytest.raises(CaptureError) as info:
+        from_torch(_FixedSize(), torch.randn(2, 5))
+    message = str(info.value)
+    assert message.startswith("_FixedSize (train mode) fails on its example inputs when torch runs it as it is")
+    assert "AssertionError: input width (5) does not match the model (8)" in message
+    assert "test_from_torch.py:" in message and "torch._assert(x.shape[-1] == self.width" in message  # where
+    assert "pass inputs it accepts" in message and "torch.cond" not in message
+    # Control: the inputs it was built for are captured and checked.
+    assert_agree(run_case(from_torch(_FixedSize(), torch.randn(2, 8))))
+
+
 def test_as_cases_takes_module_input_pairs_and_records_a_capture_failure_per_case():
     made = [fam.make_convnext_block(), (_BranchAndCount(), (torch.randn(2, 3),))]
     cases = as_cases(made, name="target")

@@ -251,6 +251,9 @@ def export(wrapper: _Forward, example_inputs: tuple, training: bool, decompose: 
             try:
                 traced = trace_at_example(wrapper, tuple(example_inputs), _with_batch_norm(table))
             except Exception as exc:
+                eager = eager_failure(wrapper, example_inputs, training)
+                if eager is not None:
+                    raise CaptureError(_fails_eagerly(name, mode, eager)) from eager
                 raise CaptureError(
                     f"torch.export could not capture {name} ({mode} mode): {type(refused).__name__}: "
                     f"{torch_reason(refused)}\nand tracing it at the example inputs failed too: {type(exc).__name__}: "
@@ -614,6 +617,35 @@ def where(node) -> str:
     path, kind = module_of(node)
     owner = f"module {path} ({kind})" if path else f"the root module ({kind})" if kind else "the root module"
     return f"node {node.name}, from {owner}, at {source_line(node)}"
+
+
+def eager_failure(wrapper: _Forward, example_inputs: tuple, training: bool) -> BaseException | None:
+    """What the module raises when torch runs it eagerly on the example inputs (None if it runs): a capture that
+    failed is then the module's own failure on those inputs, not torch.export's, and is reported as such.  Runs on
+    copies of the buffers, so the module stays at the case's point, and with gradients on, as a user's forward
+    runs (one that takes a gradient inside would fail without)."""
+    was = [m.training for m in wrapper.modules()]
+    wrapper.train(training)
+    try:
+        buffers = {n: b.clone() for n, b in wrapper.named_buffers()}
+        with torch.enable_grad():
+            torch.func.functional_call(wrapper, buffers, tuple(example_inputs), strict=False)
+    except Exception as exc:  # noqa: BLE001 - whatever the module raises is what the user must see
+        return exc
+    finally:
+        for m, flag in zip(wrapper.modules(), was):
+            m.training = flag
+    return None
+
+
+def _fails_eagerly(name: str, mode: str, exc: BaseException) -> str:
+    message = str(exc).strip().splitlines()
+    line = branch_line(exc)
+    return (f"{name} ({mode} mode) fails on its example inputs when torch runs it as it is, before any capture: "
+            f"{type(exc).__name__}: {message[0] if message else ''}" + (f"\n  raised at: {line}" if line else "")
+            + "\nfrom_torch checks a module at the example inputs it is given: pass inputs it accepts (the shapes, "
+            "dtypes and number it was built for; a model configured for an input size, such as an image size, "
+            "takes that size), or a forward= that calls it as it works")
 
 
 def example_outputs(wrapper: _Forward, example_inputs: tuple, training: bool):
