@@ -8,11 +8,11 @@
    (``gradcheck.check.kinks``) and counts its work (``gradcheck.check.cost``).
 2. ``_run_backends``: each backend in float64, then in float32 pinned to the
    reference's kinks, called twice (``repeat``: the second call tells
-   nondeterminism apart, and times jax's computation without its
-   compilation) and reduced to its spreads at once (``_spreads``).  Each backend's float32
-   gradients are measured against its float64 ones as they return, and only
-   the measurement is kept (``_measured32``).  The eager backends run
-   first, while jax compiles beside them.  One backend that fails is that
+   nondeterminism apart and times jax's computation without its
+   compilation; it is reduced to its spreads at once, ``_spreads``).  Each
+   backend's float32 gradients are measured against its float64 ones as
+   they return, and only the measurement is kept (``_measured32``).  The
+   eager backends run first, while jax compiles beside them.  One backend that fails is that
    backend's recorded error; the others go on.  A backend that writes into
    the arrays it was handed is reported, and the next one gets the case's
    values again (``CaseRun.restore_changed``).
