@@ -141,21 +141,29 @@ def _blas_threads() -> int:
     return max((lib["num_threads"] for lib in threadpoolctl.threadpool_info()), default=1)
 
 
+def _threads_per_call(monkeypatch, names) -> dict[str, list]:
+    """(torch's threads, the BLAS libraries' threads) at each evaluate call of the named backends."""
+    import torch
+
+    calls: dict[str, list] = {}
+    for name in names:
+        driver = get_backend(name)
+        original = driver.evaluate
+
+        def spy(f, args, prefixes=None, _name=name, _original=original):
+            calls.setdefault(_name, []).append((torch.get_num_threads(), _blas_threads()))
+            return _original(f, args, prefixes)
+
+        monkeypatch.setattr(driver, "evaluate", spy)
+    return calls
+
+
 def test_an_eager_backend_runs_on_half_the_cores_while_jax_compiles_and_gets_them_back(monkeypatch):
     import torch
 
     from gradcheck.check import cores
 
-    seen = {}
-    for name in ("tape", "torch"):
-        driver = get_backend(name)
-        original = driver.evaluate
-
-        def spy(f, args, prefixes=None, _name=name, _original=original):
-            seen.setdefault(_name, set()).add((torch.get_num_threads(), _blas_threads()))
-            return _original(f, args, prefixes)
-
-        monkeypatch.setattr(driver, "evaluate", spy)
+    calls = _threads_per_call(monkeypatch, ("tape", "torch"))
     monkeypatch.setattr(cores, "available", lambda: 2)
     before = torch.get_num_threads()
     torch.set_num_threads(2)
@@ -164,17 +172,43 @@ def test_an_eager_backend_runs_on_half_the_cores_while_jax_compiles_and_gets_the
         # jax reports a compilation in flight for the whole case: both eager backends run on one core of two
         monkeypatch.setattr(JaxBackend, "busy", lambda self: True)
         shared = run_case(CASE, RunOptions(backends=ALL))
+        seen = {name: set(threads) for name, threads in calls.items()}
         assert seen == {"tape": {(1, 1)}, "torch": {(1, 1)}}
         assert torch.get_num_threads() == 2 and _blas_threads() == blas  # given back
         # nothing in flight: every core, and the same verdicts
-        seen.clear()
+        calls.clear()
         monkeypatch.setattr(JaxBackend, "busy", lambda self: False)
         alone = run_case(CASE, RunOptions(backends=ALL))
+        seen = {name: set(threads) for name, threads in calls.items()}
         assert seen == {"tape": {(2, blas)}, "torch": {(2, blas)}}
     finally:
         torch.set_num_threads(before)
     assert shared.verdict == alone.verdict == "agree"
     assert [(x.path, x.verdict) for x in shared.leaves] == [(x.path, x.verdict) for x in alone.leaves]
+
+
+def test_the_cores_are_decided_at_each_call_so_a_finished_compilation_gives_them_back(monkeypatch):
+    """A warm run's float32 program finishes loading during the tape's float64 call: the calls after it run on
+    every core again, not on the half the backend started with."""
+    import torch
+
+    from gradcheck.check import cores
+
+    per_call = _threads_per_call(monkeypatch, ("tape",))
+    calls = per_call.setdefault("tape", [])
+    monkeypatch.setattr(cores, "available", lambda: 2)
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    blas = _blas_threads()
+    # jax's compilation is in flight until the tape's first call has been made
+    monkeypatch.setattr(JaxBackend, "busy", lambda self: not calls)
+    try:
+        res = run_case(CASE, RunOptions(backends=ALL))
+    finally:
+        torch.set_num_threads(before)
+    assert res.verdict == "agree"
+    assert calls[0] == (1, 1) and set(calls[1:]) == {(2, blas)}, calls
+    assert len(calls) == 3  # float64, then float32 twice
 
 
 def test_a_prepared_compilation_is_busy_until_it_finishes():

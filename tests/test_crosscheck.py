@@ -180,6 +180,40 @@ def _wrap_evaluate(monkeypatch, backend, edit):
     monkeypatch.setattr(driver, "evaluate", evaluate)
 
 
+def _read_only(ev):
+    """Every array a backend returned made read-only, as the jax driver returns its own (its result's buffer)."""
+    for array in [*(ev.value if isinstance(ev.value, tuple) else [ev.value]), *ev.grads.values(),
+                  *ev.buffers.values()]:
+        if isinstance(array, np.ndarray):
+            array.flags.writeable = False
+
+
+@pytest.mark.parametrize("inject", [False, True])
+def test_nothing_writes_into_what_a_backend_returned(monkeypatch, inject):
+    """The jax driver hands back read-only views of its results instead of copies: the comparison, the referee,
+    localisation (the failing case) and the reports must only read what every backend returned."""
+    for backend in ALL:
+        _wrap_evaluate(monkeypatch, backend, _read_only)
+    if inject:  # a wrong batch-norm weight gradient on the tape: localisation and the per-leaf referee run
+        original = kernels.normalize_grads
+        monkeypatch.setattr(kernels, "normalize_grads", lambda argnums, *a, **k: [
+            g * 0.5 if i == 1 else g for i, g in zip(argnums, original(argnums, *a, **k), strict=True)])
+    r = check("conv_bn_dense")
+    assert not r.errors, r.errors
+    assert r.verdict == ("disagree" if inject else "agree"), [(x.path, x.verdict, x.message) for x in r.leaves]
+    if inject:
+        assert set(failing(r)) == {"1.weight"} and leaf(r, "1.weight").blame == ["tape"]
+
+
+def test_the_jax_driver_returns_its_results_without_copying_them():
+    from gradcheck.check.runner import CaseRun
+
+    need(["jax"])
+    cr = CaseRun(CASES["conv_bn_dense"])
+    ev = get_backend("jax").evaluate(cr.f64, cr.args64, cr.prefixes)
+    assert ev.grads and all(not g.flags.writeable for g in ev.grads.values())
+
+
 def test_a_framework_backend_can_be_blamed_too(monkeypatch):
     _wrap_evaluate(monkeypatch, "jax", lambda ev: ev.grads.__setitem__("3.bias", ev.grads["3.bias"] * 1.5))
     r = check("conv_bn_dense")

@@ -151,18 +151,21 @@ def _central(loss64, point, direction, h) -> tuple[float, int]:
 
 def check(loss64: Callable[[dict], float], point: dict[str, np.ndarray], direction: dict[str, np.ndarray],
           grads: dict[str, dict[str, np.ndarray]], rtol: float, loss_abs: float = 0.0,
-          loss_noise: float = 0.0, slope: SlopeCheck | None = None) -> tuple[list[RefereeCheck], int]:
+          loss_noise: float | Callable[[], float] = 0.0,
+          slope: SlopeCheck | None = None) -> tuple[list[RefereeCheck], int]:
     """Referee checks along ``direction``, and the float64 forward passes they cost.
 
     ``loss_abs`` is ``sum |r o|`` of the loss at the point (the size of what
     rounding works on); ``loss_noise`` how far the loss moved when every input
     moved by a unit roundoff (``gradcheck.check.conditioning``: the rounding this
-    point amplifies, which a finite difference's numerator carries); ``rtol``
-    a relative floor on the resolution; ``slope`` the case's slope checks, asked
-    only when the finite difference misses every backend (see "A slope that
-    changes within the step").
+    point amplifies, which a finite difference's numerator carries), or a
+    function that measures it, asked only when a backend misses the resolution
+    without it (``_NoiseFloor``); ``rtol`` a relative floor on the resolution;
+    ``slope`` the case's slope checks, asked only when the finite difference
+    misses every backend (see "A slope that changes within the step").
     """
     answers, norm = _answers(grads, direction)
+    noise = _NoiseFloor(loss_noise)
     h = min(step_for(point[p]) for p in direction)
     passes = 0
     varies, first = False, True
@@ -177,13 +180,13 @@ def check(loss64: Callable[[dict], float], point: dict[str, np.ndarray], directi
             else:
                 d2, crossed2 = _central(loss64, point, direction, 2 * h)
                 passes += 2
-        resolution = _resolution(d1, d2, h, norm, rtol, loss_abs, loss_noise)
+        resolution = noise.resolution(d1, d2, h, norm, rtol, loss_abs, answers)
         if not (crossed1 or crossed2):
             misses_all = bool(answers) and all(not abs(a - d1) <= resolution for a in answers.values())
             if slope is None or not misses_all:
                 varies = False
                 break
-            floor = _resolution(d1, d1, h, norm, rtol, loss_abs, loss_noise)
+            floor = _resolution(d1, d1, h, norm, rtol, loss_abs, noise.value)
             varies = slope.varies(point, direction, h, answers, floor, first)
             if varies is None:  # past the case's budget: what the measured leaves showed stands for this one
                 varies = slope.unsteady > 0
@@ -208,6 +211,30 @@ def check(loss64: Callable[[dict], float], point: dict[str, np.ndarray], directi
         checks.append(RefereeCheck(backend=backend, directional=value, numeric=d1, error=float(err),
                                    agrees=bool(err <= 1.0), stable=stable, resolution=float(resolution)))
     return checks, passes
+
+
+class _NoiseFloor:
+    """The loss-noise floor of one check, measured only when it could change what the check says.
+
+    The floor only widens the resolution, so a backend that agrees without it
+    agrees with it: the probe (two float64 passes and a unit-roundoff move of
+    every leaf, ``conditioning.loss_noise``) is asked for only when some
+    backend misses the resolution without it, and the resolution is then taken
+    again with it.  Every verdict is the one the floor measured up front would
+    give; where it was not needed, the check records the tighter resolution it
+    actually held the backends to.
+    """
+
+    def __init__(self, loss_noise: float | Callable[[], float]):
+        self._measure = loss_noise if callable(loss_noise) else None
+        self.value = 0.0 if callable(loss_noise) else float(loss_noise)
+
+    def resolution(self, d1, d2, h, norm, rtol, loss_abs, answers: dict) -> float:
+        resolution = _resolution(d1, d2, h, norm, rtol, loss_abs, self.value)
+        if self._measure is not None and any(not abs(a - d1) <= resolution for a in answers.values()):
+            self.value, self._measure = float(self._measure()), None
+            resolution = _resolution(d1, d2, h, norm, rtol, loss_abs, self.value)
+        return resolution
 
 
 def _resolution(d1, d2, h, norm, rtol, loss_abs, loss_noise) -> float:

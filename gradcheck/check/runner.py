@@ -211,7 +211,8 @@ class CaseRun:
     def loss_noise(self) -> float:
         """How far the float64 loss moves when every float leaf moves by a unit roundoff (measured once, two
         forward passes, against the reference forward's loss): the referee's floor for the rounding this point
-        amplifies (gradcheck.check.conditioning)."""
+        amplifies (gradcheck.check.conditioning), which the referee asks for only when a backend misses its
+        resolution without it (``referee._NoiseFloor``)."""
         if self._loss_noise is None:
             self._loss_noise = conditioning.loss_noise(self.loss64, self.float_leaves(), self.case.seed,
                                                        base=self.loss_at_point)
@@ -329,11 +330,9 @@ def _run_backends(cr: CaseRun, options: RunOptions, res: CaseResult) -> dict[str
     _prepare_compiled(cr, options, res, f64, f32)
     # The eager backends first, while the compiling ones compile beside them (each backend is judged on its own,
     # so the order changes nothing else).
+    compiling = [get_backend(b) for b in options.backends if get_backend(b).compiles]
     for name in sorted(options.backends, key=lambda b: get_backend(b).compiles):
-        # An eager backend leaves half the cores to a compilation running beside it (gradcheck.check.cores).
-        beside = not get_backend(name).compiles and any(get_backend(b).busy() for b in options.backends)
-        with cores.shared() if beside else contextlib.nullcontext():
-            _evaluate_backend(name, cr, options, res, runs, f64, f32)
+        _evaluate_backend(name, cr, options, res, runs, f64, f32, compiling)
         cr.restore_changed(name, before, res)
     return {name: runs[name] for name in options.backends if name in runs}
 
@@ -362,9 +361,13 @@ def _prepare_compiled(cr: CaseRun, options: RunOptions, res: CaseResult, f64, f3
             res.timings[name] = Timing(prepare=time.perf_counter() - t0)
 
 
-def _evaluate_backend(name, cr: CaseRun, options: RunOptions, res: CaseResult, runs: dict, f64, f32) -> None:
-    """One backend: float64 (and a second call for a float64-only case), then float32 pinned, and again."""
+def _evaluate_backend(name, cr: CaseRun, options: RunOptions, res: CaseResult, runs: dict, f64, f32,
+                      beside=()) -> None:
+    """One backend: float64 (and a second call for a float64-only case), then float32 pinned, and again.
+    ``beside``: the compiling backends, whose compilations an eager backend's calls share the cores with."""
     driver = get_backend(name)
+    if beside and not driver.compiles:
+        driver = _BesideCompilation(driver, beside)
     ok, why = driver.available()
     if not ok:
         res.unavailable[name] = why
@@ -407,6 +410,22 @@ def _evaluate_backend(name, cr: CaseRun, options: RunOptions, res: CaseResult, r
         res.errors[f"{name} (float32)"] = short_error(exc)
     if run.ev32 is not None:
         run.ev32 = _measured32(name, run.ev32, run.ev64)
+
+
+class _BesideCompilation:
+    """An eager backend whose calls leave half the cores to a compilation running beside them
+    (``gradcheck.check.cores``), decided at each call: a warm run's float32 program is loaded from jax's cache
+    during the tape's float64 call, and the tape's float32 call then has every core again."""
+
+    def __init__(self, driver, compiling):
+        self._driver, self._compiling = driver, compiling
+
+    def __getattr__(self, attr):
+        return getattr(self._driver, attr)
+
+    def evaluate(self, *args, **kwargs):
+        with cores.shared() if any(d.busy() for d in self._compiling) else contextlib.nullcontext():
+            return self._driver.evaluate(*args, **kwargs)
 
 
 def _measured32(name: str, ev32: Evaluation, ev64: Evaluation) -> Evaluation:
@@ -688,7 +707,7 @@ class _LeafReferee:
     def check(self, cr: CaseRun, runs, path: str, res: CaseResult):
         grads = {b: r.ev64.grads for b, r in runs.items()}
         checks, passes = ref.check(cr.loss64, self.point, {path: self.dirs[path]}, grads, self.rtol(path),
-                                   cr.loss_abs, cr.loss_noise(), self.slope)
+                                   cr.loss_abs, cr.loss_noise, self.slope)
         res.referee_passes += passes
         return checks
 
@@ -777,7 +796,7 @@ def _joint_referee(cr, runs, point, dirs, grads, rtol, res: CaseResult) -> None:
     compared every leaf, and a note records that the joint direction agrees.
     """
     gradients_at = _gradients_at(cr, runs)
-    checks, passes = ref.check(cr.loss64, point, dirs, grads, rtol, cr.loss_abs, cr.loss_noise(),
+    checks, passes = ref.check(cr.loss64, point, dirs, grads, rtol, cr.loss_abs, cr.loss_noise,
                                ref.SlopeCheck(gradients_at) if gradients_at is not None else None)
     res.referee_passes += passes
     if not checks:

@@ -434,8 +434,10 @@ def finish_compilations() -> None:
 
 
 def _numpy(x):
-    # A writeable copy: np.asarray of a jax array may be a read-only view of its buffer.
-    return np.array(x)
+    # The result's own buffer, read-only, not a copy: a copy of every gradient costs a pass over fresh memory per
+    # call (about 0.1 s a call for ResNet-18's 11.7 M float64 values), and nothing writes into what a backend
+    # returned (tests/test_crosscheck.py runs a case with every backend's results made read-only).
+    return np.asarray(x)
 
 
 def _to_jax(jax, leaf):
