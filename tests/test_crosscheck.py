@@ -214,6 +214,48 @@ def test_the_jax_driver_returns_its_results_without_copying_them():
     assert ev.grads and all(not g.flags.writeable for g in ev.grads.values())
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_the_reference_forward_reads_the_float64_arrays_and_leaves_the_case_its_buffers(dtype):
+    """The reference forward runs on modules of its own over the float64 arrays the backends get (no second copy
+    of the model), and a running statistic it updates stays in its modules: the backends start from the case's."""
+    from gradcheck.check.runner import CaseRun
+
+    models = []
+
+    def forward(m, *xs):
+        models.append(m)
+        return m(*xs)
+
+    cr = CaseRun(CASES["conv_bn_dense"].with_(dtype=dtype, forward=forward))
+    reference, model = models[0].layers, cr.model.layers
+    assert models[0] is not cr.model and reference[1] is not model[1]
+    assert reference[0].weight is model[0].weight and reference[0].weight.dtype == np.float64
+    assert np.any(reference[1].running_mean != 0.0)  # the forward in train mode updated it ...
+    assert np.all(model[1].running_mean == 0.0) and model[1].running_mean.dtype == np.float64  # ... there only
+
+
+class WritesIntoItsWeight(L.Dense):
+    """A layer that moves its own weight in place in the numpy forward (the reference's, and no backend's)."""
+
+    def __call__(self, x):
+        if isinstance(self.weight, np.ndarray):
+            self.weight[0, 0] += 1e-3
+        return super().__call__(x)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("layer", [L.Dense, WritesIntoItsWeight])
+def test_a_model_writing_into_its_arrays_in_the_reference_forward_is_reported_as_such(dtype, layer):
+    case = Case("scribble", lambda rng: L.Chain(layer(4, 3, rng=rng)), lambda rng: (rng.standard_normal((2, 4)),),
+                seed=1, dtype=dtype)
+    r = run_case(case, RunOptions(backends=need(ALL)))
+    if layer is L.Dense:  # the clean control
+        assert r.verdict == "agree" and not r.errors
+        return
+    assert r.verdict == "error" and list(r.errors) == ["numpy reference forward (mutates its inputs)"], r.errors
+    assert "0.weight: 1 of 12 elements changed" in r.errors["numpy reference forward (mutates its inputs)"]
+
+
 def test_a_framework_backend_can_be_blamed_too(monkeypatch):
     _wrap_evaluate(monkeypatch, "jax", lambda ev: ev.grads.__setitem__("3.bias", ev.grads["3.bias"] * 1.5))
     r = check("conv_bn_dense")

@@ -27,6 +27,7 @@ from __future__ import annotations
 import atexit
 import gc
 import io
+import itertools
 import os
 import sys
 import threading
@@ -65,11 +66,14 @@ def _finish_compilations() -> None:
 
 
 def _flush_open_files() -> None:
-    for obj in gc.get_objects():
-        # type(), not isinstance: isinstance asks a proxy object for its __class__, which can run code.
-        if issubclass(type(obj), io.IOBase):
-            try:
-                if not obj.closed:
-                    obj.flush()
-            except (OSError, ValueError, AttributeError):  # a broken pipe, a detached buffer: as teardown would
-                pass
+    objects = gc.get_objects()
+    # type(), not isinstance: isinstance asks a proxy object for its __class__, which can run code.  Each distinct
+    # type is asked once, and the objects are filtered in C: a ResNet-18 run leaves about 300,000 objects of under
+    # a thousand types, and asking each object took 0.10-0.14 s of the command's exit against 0.08 s.
+    files = {t for t in set(map(type, objects)) if issubclass(t, io.IOBase)}
+    for obj in itertools.compress(objects, map(files.__contains__, map(type, objects))):
+        try:
+            if not obj.closed:
+                obj.flush()
+        except (OSError, ValueError, AttributeError):  # a broken pipe, a detached buffer: as teardown would
+            pass

@@ -75,6 +75,8 @@ from gradcheck.results import (
 from gradcheck.tree import leaf_owner_types, module_paths, replace_leaves
 
 DEFAULT_BACKENDS = default_backends()  # the registry's rows marked default (gradcheck.backends)
+# Who changed the case's arrays, where the float64 reference forward (``CaseRun``) did: named so in the case's errors.
+REFERENCE_FORWARD = "numpy reference forward"
 
 
 @dataclass
@@ -160,9 +162,14 @@ class CaseRun:
         self.args64 = cast_floats(args, np.float64)
         self.model = self.args64[0]
         self.leaves64 = {leaf.path: leaf.value for leaf in all_leaves(self.args64, self.prefixes)}
-        # The reference forward runs on a copy of its own: layers update buffers (running statistics) by
-        # assigning them, and the backends must start from the case's values.
-        reference = cast_floats(args, np.float64)
+        # The reference forward runs on modules of its own: layers update buffers (running statistics) by
+        # assigning them, and the backends must start from the case's values.  The arrays are args64's (cast_floats
+        # of a float64 array is that array), as in localisation's reference forwards: a second float64 copy of
+        # the model costs its conversion and a first touch of its memory (about 0.2 s for ResNet-18).  A model
+        # that writes into its arrays instead is reported before any backend runs (``_run_backends``), against
+        # the case's values: the float32 ones, or for a float64 case a snapshot taken here, before the forward.
+        self._before64 = localise.snapshot(self.args64, self.prefixes) if self.args32 is None else None
+        reference = cast_floats(self.args64, np.float64)
         paths = module_paths(reference[0])
         t0 = time.perf_counter()
         with cost.counting() as self.forward64_work, module.calls() as stack, \
@@ -192,6 +199,16 @@ class CaseRun:
 
     def loss_fn(self, cotangents):
         return _loss_function(self.forward, cotangents)
+
+    def snapshot(self) -> dict:
+        """The case's values, by float64 and float32 arguments, that what each backend is handed is checked against
+        (``restore_changed``): a float32 case's float64 arguments are its float32 ones widened, so one snapshot
+        serves both; a float64 case's was taken before the reference forward, which runs on the same arrays."""
+        if self.args32 is None:
+            before, self._before64 = self._before64, None
+            return {"64": before if before is not None else localise.snapshot(self.args64, self.prefixes)}
+        narrow = localise.snapshot(self.args32, self.prefixes)
+        return {"32": narrow, "64": localise.Widened(narrow)}
 
     def restore_changed(self, backend: str, before: dict, res: CaseResult) -> None:
         """Report a backend that changed the arrays it was handed (``localise.check_unchanged`` against the
@@ -321,12 +338,10 @@ def _run_backends(cr: CaseRun, options: RunOptions, res: CaseResult) -> dict[str
     f64, f32 = cr.f64, cr.f32
     runs: dict[str, BackendRun] = {}
     # What every backend is handed must come back unchanged: one that writes into its inputs or parameters
-    # is reported, and the next backend gets the case's values again.
-    if cr.args32 is None:
-        before = {"64": localise.snapshot(cr.args64, cr.prefixes)}
-    else:  # the float64 arguments are the float32 ones widened: one snapshot serves both
-        before = {"32": localise.snapshot(cr.args32, cr.prefixes)}
-        before["64"] = localise.Widened(before["32"])
+    # is reported, and the next backend gets the case's values again.  So must the float64 arrays the reference
+    # forward ran on (``CaseRun``): a model that writes into them is reported as the reference forward's.
+    before = cr.snapshot()
+    cr.restore_changed(REFERENCE_FORWARD, before, res)
     _prepare_compiled(cr, options, res, f64, f32)
     # The eager backends first, while the compiling ones compile beside them (each backend is judged on its own,
     # so the order changes nothing else).
