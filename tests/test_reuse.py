@@ -81,7 +81,8 @@ def test_a_case_refereed_leaf_by_leaf_decides_what_the_full_passes_decide(family
         _full(m)
         full = _summary(run_case(from_torch(module, *inputs, seed=1), options))
     assert fast == full
-    assert fast[1] == "agree" and fast[2] >= 4 * len([leaf for leaf in fast[0] if leaf[-1]])
+    # each refereed leaf took its passes: two where the referee confirmed backends that agree (referee.check)
+    assert fast[1] == "agree" and fast[2] >= 2 * len([leaf for leaf in fast[0] if leaf[-1]])
 
 
 @pytest.mark.parametrize("wrong, blame", [(lambda mp: "wrong", "torch"), (_wrong_tape, "tape"), (_wrong_jax, "jax"),

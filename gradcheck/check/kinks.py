@@ -34,6 +34,7 @@ maximum), ``greater``/``less`` (the comparison itself).
 from __future__ import annotations
 
 import contextlib
+import contextvars
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -56,6 +57,14 @@ FLOAT64_REACH = 1e-13
 
 class KinkMismatch(RuntimeError):
     """A pinned run called kink ops in another order or shape than the float64 reference."""
+
+
+class Crossed(Exception):
+    """A pass made under ``stopping_at_crossing`` took a kink decision the reference did not: it stopped there."""
+
+
+# Whether passes recorded with ``hold`` stop at their first crossing (``stopping_at_crossing``).
+_STOPPING = contextvars.ContextVar("gradcheck_kinks_stopping", default=False)
 
 
 @dataclass
@@ -115,6 +124,7 @@ class _State(dispatch.Interceptor):
                  hold: Recording | None = None):
         self.mode = mode  # "record" or "pin"
         self.hold = hold  # record: the reference whose held values this pass gets back (a referee pass)
+        self.stop = hold is not None and _STOPPING.get()  # record: raise Crossed at the first differing decision
         self.held_position = 0
         self.stats = stats  # record: measure distances too (the reference forward), or decisions alone
         self.recording = recording
@@ -162,6 +172,22 @@ def pinned(rec: Recording):
 
 
 @contextlib.contextmanager
+def stopping_at_crossing():
+    """Inside the block, a pass recorded with ``hold`` (a referee pass) raises ``Crossed`` at its first kink
+    decision that differs from the reference's, instead of running to the end.
+
+    A referee step that crosses a kink is shrunk and taken again, its value
+    unused, and all it needs to know is that it crossed (``differing`` > 0):
+    the rest of the pass, and the other end of the step, are work for nothing.
+    """
+    token = _STOPPING.set(True)
+    try:
+        yield
+    finally:
+        _STOPPING.reset(token)
+
+
+@contextlib.contextmanager
 def suspended():
     """No recording or pinning inside the block (a driver's own bookkeeping)."""
     with dispatch.intercepting(SLOT, None):
@@ -196,6 +222,8 @@ def call(state: _State, name: str, run: Callable, args: tuple, kwargs: dict):
         if state.mode == "record":
             out = run(*args, **kwargs)
             state.recording.branches.append(_RECORD[name](state.layer_of(), name, out, *args, **kwargs))
+            if state.stop:
+                _stop_if_crossed(state)
             return out
         i = state.position
         branches = state.recording.branches
@@ -431,6 +459,20 @@ def resumed(state: _State):
     """Make ``state`` the active one inside the block (a driver tracing under a state it suspended)."""
     with dispatch.intercepting(SLOT, state):
         yield state
+
+
+def _stop_if_crossed(state: _State) -> None:
+    """Raise ``Crossed`` when the branch just recorded differs from the reference's at its place (as ``differing``
+    counts it)."""
+    i = len(state.recording.branches) - 1
+    reference = state.hold.branches
+    if i >= len(reference) or _differs(reference[i], state.recording.branches[i]):
+        raise Crossed(f"kink op call {i} ({state.recording.branches[i].op}) took another decision than the "
+                      "float64 reference forward")
+
+
+def _differs(a: Branch, b: Branch) -> bool:
+    return a.op != b.op or a.decision.shape != b.decision.shape or not np.array_equal(a.decision, b.decision)
 
 
 def differing(reference: Recording, other: Recording) -> int:

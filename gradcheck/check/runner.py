@@ -675,8 +675,11 @@ def _referee(cr: CaseRun, runs, judged: list[LeafResult], options: RunOptions, r
     def rtol(path):
         return rules.resolve(path, "float64", owners.get(path, "")).referee_rtol
 
+    # Leaves whose float64 pairs already agree: the referee confirms them (``referee.check``'s ``confirming``).
+    agreed = {leaf.path for leaf in judged if leaf.verdict == "agree" and leaf.pairs}
     # The estimate comes from the float64 forward's counted work, not its time: the mode must not
-    # change with the machine's load (see gradcheck.check.cost).
+    # change with the machine's load (see gradcheck.check.cost).  It counts four passes a leaf, what a leaf
+    # costs when the referee does not confirm it, so the mode does not hang on the verdicts.
     every_leaf_s = ref.PASSES * cr.forward64_work.seconds() * len(judged)
     every = mode == "leaves" or (mode == "auto" and every_leaf_s <= options.referee_budget_s)
     if every:
@@ -689,9 +692,11 @@ def _referee(cr: CaseRun, runs, judged: list[LeafResult], options: RunOptions, r
                 f"({ref.PASSES * len(judged)} float64 passes; one pass: {cr.forward64_work}), over the budget of "
                 f"{options.referee_budget_s:g} s (referee_budget_s), so all leaves were checked along one joint "
                 f"direction and each leaf the backends disagree on apart; --referee leaves checks every leaf")
-        _joint_referee(cr, runs, point, dirs, grads, max(rtol(p) for p in point), res)
+        _joint_referee(cr, runs, point, dirs, grads, max(rtol(p) for p in point), res,
+                       confirming=all(p in agreed for p in point))
     gradients_at = _gradients_at(cr, runs)
-    referee = _LeafReferee(point, dirs, rtol, ref.SlopeCheck(gradients_at) if gradients_at is not None else None)
+    referee = _LeafReferee(point, dirs, rtol, ref.SlopeCheck(gradients_at) if gradients_at is not None else None,
+                           agreed)
     if not every and len(runs) > 1 and len(chosen) > AHEAD_OF_LOCALISING:
         # A wrong backward in one layer puts every leaf before it off: localisation names that layer and which
         # leaves only inherit its error, so the per-leaf referee waits for it (``_referee_deferred``).
@@ -718,12 +723,13 @@ class _LeafReferee:
     dirs: dict
     rtol: Callable[[str], float]
     slope: ref.SlopeCheck | None
+    agreed: set[str] = field(default_factory=set)  # leaves whose float64 pairs agree: confirmed
     deferred: list[str] = field(default_factory=list)
 
     def check(self, cr: CaseRun, runs, path: str, res: CaseResult):
         grads = {b: r.ev64.grads for b, r in runs.items()}
         checks, passes = ref.check(cr.loss64, self.point, {path: self.dirs[path]}, grads, self.rtol(path),
-                                   cr.loss_abs, cr.loss_noise, self.slope)
+                                   cr.loss_abs, cr.loss_noise, self.slope, confirming=path in self.agreed)
         res.referee_passes += passes
         return checks
 
@@ -802,8 +808,9 @@ def _gradients_at(cr: CaseRun, runs) -> ref.GradientsAt | None:
 JOINT = "(all leaves, joint direction)"  # the path of the joint direction's own leaf (role "referee")
 
 
-def _joint_referee(cr, runs, point, dirs, grads, rtol, res: CaseResult) -> None:
-    """Every trainable leaf at once along one direction: four passes for the whole model.
+def _joint_referee(cr, runs, point, dirs, grads, rtol, res: CaseResult, confirming: bool = False) -> None:
+    """Every trainable leaf at once along one direction: four passes for the whole model (two where it confirms
+    backends that agree on every leaf, ``referee.check``).
 
     Its word becomes a leaf of its own (path ``JOINT``, role ``referee``),
     decided like any leaf (``verdict.decide``, without pairs), when it says
@@ -813,7 +820,7 @@ def _joint_referee(cr, runs, point, dirs, grads, rtol, res: CaseResult) -> None:
     """
     gradients_at = _gradients_at(cr, runs)
     checks, passes = ref.check(cr.loss64, point, dirs, grads, rtol, cr.loss_abs, cr.loss_noise,
-                               ref.SlopeCheck(gradients_at) if gradients_at is not None else None)
+                               ref.SlopeCheck(gradients_at) if gradients_at is not None else None, confirming)
     res.referee_passes += passes
     if not checks:
         return

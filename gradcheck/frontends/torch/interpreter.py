@@ -181,7 +181,7 @@ def _call(graph, node, env, ctx, stack, layer_of):
             with kinks.suspended():
                 return lowering_of(graph, op)(ctx, *args, **kwargs)
         return lowering_of(graph, op)(ctx, *args, **kwargs)
-    except (KinkMismatch, UnsupportedOp):
+    except (KinkMismatch, kinks.Crossed, UnsupportedOp):
         raise
     except (LoweringError, BackendOpMissing) as exc:
         raise UnsupportedOp(f"{exc} ({capture.where(node)}); {capture.WAYS_TO_LOWER.format(op=capture.spelled(op))}"
