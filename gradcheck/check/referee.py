@@ -224,8 +224,9 @@ def check(loss64: Callable[[dict], float], point: dict[str, np.ndarray], directi
             else:
                 d2, crossed2, taken = _central(loss64, point, direction, 2 * h, stop)
                 passes += taken
-        if not (stop and (crossed1 or crossed2)):  # a crossing step, shrunk below, resolves nothing (and asks for
-            resolution = noise.resolution(d1, d2, h, norm, rtol, loss_abs, answers)  # no loss-noise probe)
+        # A crossing step (shrunk below) resolves nothing, so it asks for no loss-noise probe.
+        if not (stop and (crossed1 or crossed2)):
+            resolution = noise.resolution(d1, d2, h, norm, rtol, loss_abs, answers)
         if not (crossed1 or crossed2):
             misses_all = bool(answers) and all(not abs(a - d1) <= resolution for a in answers.values())
             if slope is None or not misses_all:
