@@ -466,25 +466,24 @@ def _stop_if_crossed(state: _State) -> None:
     counts it)."""
     i = len(state.recording.branches) - 1
     reference = state.hold.branches
-    if i >= len(reference) or _differs(reference[i], state.recording.branches[i]):
+    if i >= len(reference) or _crossed(reference[i], state.recording.branches[i]):
         raise Crossed(f"kink op call {i} ({state.recording.branches[i].op}) took another decision than the "
                       "float64 reference forward")
 
 
-def _differs(a: Branch, b: Branch) -> bool:
-    return a.op != b.op or a.decision.shape != b.decision.shape or not np.array_equal(a.decision, b.decision)
+def _crossed(a: Branch, b: Branch) -> int:
+    """How many of call ``b``'s decisions differ from the reference call ``a``'s (a call that does not match
+    counts whole)."""
+    if a is b:  # a branch a pass reused from the reference (gradcheck.frontends.torch.reuse)
+        return 0
+    if a.op != b.op or a.decision.shape != b.decision.shape:
+        return max(1, a.decision.size)
+    return int(np.count_nonzero(a.decision != b.decision))
 
 
 def differing(reference: Recording, other: Recording) -> int:
     """How many kink decisions of ``other`` differ from ``reference``'s (calls that do not match count whole)."""
     if len(reference.branches) != len(other.branches):
         return max(1, abs(len(reference.branches) - len(other.branches)))
-    n = other.misheld  # a held value that could not be given back changes the function like a crossed kink
-    for a, b in zip(reference.branches, other.branches):
-        if a is b:  # a branch a pass reused from the reference (gradcheck.frontends.torch.reuse)
-            continue
-        if a.op != b.op or a.decision.shape != b.decision.shape:
-            n += max(1, a.decision.size)
-        else:
-            n += int(np.count_nonzero(a.decision != b.decision))
-    return n
+    # a held value that could not be given back changes the function like a crossed kink
+    return other.misheld + sum(_crossed(a, b) for a, b in zip(reference.branches, other.branches))
