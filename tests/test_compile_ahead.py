@@ -211,6 +211,46 @@ def test_the_cores_are_decided_at_each_call_so_a_finished_compilation_gives_them
     assert len(calls) == 3  # float64, then float32 twice
 
 
+@pytest.mark.parametrize("amplified", [False, True], ids=["threads", "verdict"])
+def test_a_repeat_runs_on_the_cores_of_the_call_it_repeats(monkeypatch, amplified):
+    """The repeat is compared with the call it repeats for nondeterminism, so it runs on that call's threads even
+    when the compilation beside them ended in between: a reduction split over another number of threads rounds
+    otherwise, and at an ill-conditioned point (EfficientNet's last BatchNorms over two values each) that rounding
+    grew to spreads of the leaves' own size, and torch was called nondeterministic.  ``amplified``: the tape's
+    float32 gradients made to depend on its thread count, as such a point makes them."""
+    import dataclasses
+
+    import torch
+
+    from gradcheck.check import cores
+
+    per_call = _threads_per_call(monkeypatch, ("tape",))
+    calls = per_call.setdefault("tape", [])
+    if amplified:
+        driver = get_backend("tape")
+        counted = driver.evaluate
+
+        def by_threads(f, args, prefixes=None):
+            ev = counted(f, args, prefixes)
+            if all(np.asarray(g).dtype != np.float32 for g in ev.grads.values()):
+                return ev
+            scale = 1 + 1e-2 * (torch.get_num_threads() - 1)
+            return dataclasses.replace(ev, grads={p: g * np.float32(scale) for p, g in ev.grads.items()})
+
+        monkeypatch.setattr(driver, "evaluate", by_threads)
+    monkeypatch.setattr(cores, "available", lambda: 2)
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    # jax's compilation ends between the tape's first float32 call and its repeat
+    monkeypatch.setattr(JaxBackend, "busy", lambda self: len(calls) < 2)
+    try:
+        res = run_case(CASE, RunOptions(backends=ALL))
+    finally:
+        torch.set_num_threads(before)
+    assert res.verdict == "agree", [(x.path, x.verdict, x.message) for x in res.leaves if x.verdict != "agree"]
+    assert calls[0] == calls[1] == calls[2] == (1, 1), calls  # float64 and float32 shared, the repeat as its call
+
+
 def test_a_prepared_compilation_is_busy_until_it_finishes():
     cr = CaseRun(CASE.with_(seed=7))
     driver = JaxBackend()

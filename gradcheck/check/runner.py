@@ -406,7 +406,8 @@ def _evaluate_backend(name, cr: CaseRun, options: RunOptions, res: CaseResult, r
         if options.repeat:
             try:
                 t0 = time.perf_counter()
-                again = driver.evaluate(f64, cr.args64, cr.prefixes)
+                with _as_last_call(driver):
+                    again = driver.evaluate(f64, cr.args64, cr.prefixes)
                 timing.second = time.perf_counter() - t0 if driver.compiles else None
                 run.spread = _spreads(run.ev64, again)
             except Exception as exc:
@@ -418,7 +419,8 @@ def _evaluate_backend(name, cr: CaseRun, options: RunOptions, res: CaseResult, r
         timing.first = time.perf_counter() - t0
         if options.repeat:
             t0 = time.perf_counter()
-            again = _float32(driver, f32, cr, res, name)[0]
+            with _as_last_call(driver):
+                again = _float32(driver, f32, cr, res, name)[0]
             timing.second = time.perf_counter() - t0 if driver.compiles else None
             run.spread = _spreads(run.ev32, again)
             again = None
@@ -431,17 +433,38 @@ def _evaluate_backend(name, cr: CaseRun, options: RunOptions, res: CaseResult, r
 class _BesideCompilation:
     """An eager backend whose calls leave half the cores to a compilation running beside them
     (``gradcheck.check.cores``), decided at each call: a warm run's float32 program is loaded from jax's cache
-    during the tape's float64 call, and the tape's float32 call then has every core again."""
+    during the tape's float64 call, and the tape's float32 call then has every core again.  A repeat, compared
+    with the call it repeats for nondeterminism, runs on that call's cores (``as_last_call``)."""
 
     def __init__(self, driver, compiling):
         self._driver, self._compiling = driver, compiling
+        self._shared = False  # whether the last call left half the cores to a compilation
+        self._repeating = False
 
     def __getattr__(self, attr):
         return getattr(self._driver, attr)
 
     def evaluate(self, *args, **kwargs):
-        with cores.shared() if any(d.busy() for d in self._compiling) else contextlib.nullcontext():
+        if not self._repeating:
+            self._shared = any(d.busy() for d in self._compiling)
+        with cores.shared() if self._shared else contextlib.nullcontext():
             return self._driver.evaluate(*args, **kwargs)
+
+    @contextlib.contextmanager
+    def as_last_call(self):
+        """Calls inside the block run on the cores the last call ran on.  A reduction split over another number
+        of threads rounds otherwise, and at an ill-conditioned point (a BatchNorm over two values) that rounding
+        is amplified past any spread: the repeat would call a deterministic backend nondeterministic."""
+        self._repeating = True
+        try:
+            yield
+        finally:
+            self._repeating = False
+
+
+def _as_last_call(driver):
+    """``driver``'s calls in the block on its last call's cores (``_BesideCompilation.as_last_call``)."""
+    return driver.as_last_call() if isinstance(driver, _BesideCompilation) else contextlib.nullcontext()
 
 
 def _measured32(name: str, ev32: Evaluation, ev64: Evaluation) -> Evaluation:
