@@ -31,6 +31,13 @@ CASE = Case("dense_tanh", lambda rng: L.Chain(L.Dense(6, 8, activation=ops.tanh,
             lambda rng: (rng.standard_normal((5, 6)),), seed=3)
 
 
+@pytest.fixture
+def three_backends():
+    """The end-to-end tests compare tape, torch and jax: without torch or jax (the numpy-only install) they skip."""
+    pytest.importorskip("torch")
+    pytest.importorskip("jax")
+
+
 def _sine(k):
     """``L(w) = sum sin(k w)``: the larger k, the larger the truncation error the doubled step measures."""
     def loss(replaced):
@@ -87,7 +94,7 @@ def test_confirming_stops_at_the_first_step_only_where_every_backend_is_within_t
 
 
 @pytest.mark.parametrize("mode", ["leaves", "joint"])
-def test_a_passing_case_is_confirmed_in_two_passes_and_one_backend_alone_takes_four(mode):
+def test_a_passing_case_is_confirmed_in_two_passes_and_one_backend_alone_takes_four(three_backends, mode):
     r = run_case(CASE, RunOptions(backends=ALL, referee=mode))
     assert r.verdict == "agree", (r.errors, [(x.path, x.message) for x in r.failing_leaves()])
     refereed = [x for x in r.leaves if x.referee]
@@ -102,7 +109,7 @@ def test_a_passing_case_is_confirmed_in_two_passes_and_one_backend_alone_takes_f
 
 
 @pytest.mark.parametrize("mode", ["leaves", "joint"])
-def test_a_wrong_gradient_every_backend_shares_is_still_found(monkeypatch, mode):
+def test_a_wrong_gradient_every_backend_shares_is_still_found(three_backends, monkeypatch, mode):
     for backend in ALL:
         faults.wrong_bias_gradient(monkeypatch, backend)
     r = run_case(CASE, RunOptions(backends=ALL, referee=mode))
@@ -122,7 +129,7 @@ def test_a_wrong_gradient_every_backend_shares_is_still_found(monkeypatch, mode)
 
 
 @pytest.mark.parametrize("backend", ALL)
-def test_one_backends_wrong_gradient_is_refereed_in_full_and_blamed(monkeypatch, backend):
+def test_one_backends_wrong_gradient_is_refereed_in_full_and_blamed(three_backends, monkeypatch, backend):
     faults.wrong_bias_gradient(monkeypatch, backend)
     checked = []
     check = ref.check
