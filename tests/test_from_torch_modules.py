@@ -467,7 +467,12 @@ def _caught(name, op):
     r = run_case(from_torch(make(), *inputs(), name=name), RunOptions(backends=ALL))
     assert set(r.unavailable) == {"tape", "jax"}, (r.unavailable, r.errors)
     for why in r.unavailable.values():
-        assert f"the lowering of {op} disagrees with torch's {op}" in why and "this is a bug" in why, why
+        assert f"the lowering of {op} disagrees with torch's {op}" in why, why
+        # torch's reference decomposition sides with its kernel where it can, and leaves it open where it cannot;
+        # a wrong lowering is never taken for a wrong kernel (third_opinion).
+        assert ("so this is a bug in gradcheck/frontends/torch/aten.py" in why
+                or "either the lowering in gradcheck/frontends/torch/aten.py or torch's kernel" in why), why
+        assert "the likely one at fault" not in why, why
     assert not any("torch" in leaf.blame for leaf in r.leaves)
 
 

@@ -16,6 +16,7 @@ against torch, and torch would be blamed.
 
 from __future__ import annotations
 
+import functools
 import operator
 
 import numpy as np
@@ -25,7 +26,7 @@ from gradcheck.backends.base import BackendUnavailable
 from gradcheck.check import kinks
 from gradcheck.check.kinks import KinkMismatch
 from gradcheck.frontends.arrays import array_differ
-from gradcheck.frontends.torch import capture, randomness
+from gradcheck.frontends.torch import capture, randomness, third_opinion
 from gradcheck.frontends.torch.aten import LOWERINGS, LoweringError, Unavailable
 from gradcheck.ops import BackendOpMissing
 
@@ -297,13 +298,33 @@ def _verify(graph: capture.Graph, values: dict, mask) -> dict[str, str]:
             lenv[node] = None
             continue
         lenv[node] = out
-        why = None if op in UNINITIALISED else _differ(tout, out, floor=_input_scale(node, tenv))
+        floor = _input_scale(node, tenv)
+        why = None if op in UNINITIALISED else _differ(tout, out, floor=floor)
         if why:
-            problems[node.name] = (f"the lowering of {op} disagrees with torch's {op} ({why}), "
-                                   f"{capture.where(node)}; this is a bug in gradcheck/frontends/torch/aten.py (a form of "
-                                   "the op it does not lower should raise LoweringError): the tape and jax cannot "
-                                   "check this case until it is fixed")
+            # Either side may be the wrong one; torch's own reference decomposition, where it is independent of
+            # the kernel, says which (third_opinion).  A random node's draw is the case's, not the decomposition's.
+            opinion = (third_opinion.Opinion(third_opinion.OPEN, "a random op is not judged by a decomposition")
+                       if node.name in graph.draws.index else
+                       third_opinion.consult(node.target, targs, tkwargs, _to_numpy(tout), out,
+                                             functools.partial(_differ, floor=floor)))
+            problems[node.name] = _disagreement(op, why, capture.where(node), opinion)
     return problems
+
+
+def _disagreement(op: str, why: str, where: str, opinion) -> str:
+    """The lowering check's message for a node whose lowering and torch's kernel disagree, naming the side at
+    fault where torch's reference decomposition tells, and both where it cannot."""
+    head = f"the lowering of {op} disagrees with torch's {op} ({why}), {where}; "
+    if opinion.side == third_opinion.KERNEL_WRONG:
+        return (head + f"{opinion.why}, so torch's kernel of {op} is the likely one at fault (a regression in torch, "
+                "or a kernel replaced through torch.library): the tape and jax cannot check this case, whose graph "
+                "they would run differs from what torch computes, and torch is checked alone against the float64 "
+                "referee on its own forward")
+    if opinion.side == third_opinion.LOWERING_WRONG:
+        return (head + f"{opinion.why}, so this is a bug in gradcheck/frontends/torch/aten.py (a form of the op it "
+                "does not lower should raise LoweringError): the tape and jax cannot check this case until it is fixed")
+    return (head + f"either the lowering in gradcheck/frontends/torch/aten.py or torch's kernel of {op} is wrong here "
+            f"({opinion.why}): the tape and jax cannot check this case until the two agree")
 
 
 def _input_scale(node, tenv) -> float:
