@@ -558,8 +558,9 @@ def _localise(cr, names, res, rules, keep: bool) -> Localisation:
             "the model agrees, but these layers alone do not: " + ", ".join(f"{c.name} ({c.verdict})" for c in off)))
         return loc
     if not replayed:  # no origin can be named from nothing: the model itself is not blamed for it
+        res.origin = _found_origin(cr, res)
         res.notes.append(f"per-layer replay: no layer could be replayed alone on {', '.join(names)}, so no "
-                         "origin is named")
+                         "origin is named" + (" by a replay" if res.origin else ""))
         return loc
     vjp = [c for c in replayed if c.vjp_off()]
     t0 = time.perf_counter()
@@ -573,6 +574,9 @@ def _localise(cr, names, res, rules, keep: bool) -> Localisation:
         origin = min(fwd, key=lambda c: c.end, default=None)
         res.origin = _forward_origin(origin, replayed, cr, res)
     loc.seconds["referee"] = time.perf_counter() - t0
+    found = _found_origin(cr, res)
+    if found is not None:
+        res.origin, origin = found, None
     loc.origin_call = origin
     _mark_inherited(res, loc, origin)
     n_blocks = sum(1 for c in replayed if c.unit == "block")
@@ -582,6 +586,24 @@ def _localise(cr, names, res, rules, keep: bool) -> Localisation:
         + (f"origin {res.origin.kind} at {res.origin.path or '(model)'}" if res.origin else "no origin")
         + f", {sum(1 for leaf in res.leaves if leaf.inherited)} leaves inherit it")
     return loc
+
+
+def _found_origin(cr, res) -> Origin | None:
+    """The origin the model's own checks found on the reference forward, where the case's verdict blames the
+    backend it names, or None.
+
+    A from_torch graph's torch kernel found wrong (``TorchModule.found_origin``): every difference of torch's
+    follows from that node, which the replay of whole submodules cannot see once the kernel's values have moved
+    what torch's own forward hands on.
+    """
+    found = getattr(cr.model, "found_origin", None)
+    found = found() if callable(found) else None
+    return found if found is not None and set(found.blame) & set(_blame_of(res)) else None
+
+
+def _blame_of(res) -> list[str]:
+    """The backends the case's disagreeing leaves blame."""
+    return sorted({b for leaf in res.leaves if leaf.verdict in OFF for b in leaf.blame}, key=reference_rank)
 
 
 def _blame(leaves: list[LeafResult]) -> list[str]:
@@ -619,7 +641,7 @@ def _vjp_origin(c: LayerCall, names) -> Origin:
 def _forward_origin(c: LayerCall | None, replayed, cr, res) -> Origin:
     if c is None:
         root = type(cr.model).__name__
-        blame = sorted({b for leaf in res.leaves if leaf.verdict in OFF for b in leaf.blame}, key=reference_rank)
+        blame = _blame_of(res)
         return Origin(path="", layer=root, kind="vjp", blame=blame, message=(
             f"no layer's own backward or forward disagrees when replayed alone ({len(replayed)} replayed); the "
             f"disagreement comes from code outside every replayed layer: the model's own code between its layers "

@@ -276,6 +276,9 @@ def run_case(case: Case, options: RunOptions | None = None) -> CaseResult:
         res.verdict = "error"
         return res
     res.params = int(sum(np.size(v) for _, v in cr.model.named_parameters()))
+    # What a model's own checks found on the reference forward (a from_torch graph's wrong torch kernel).
+    found = getattr(cr.model, "found_notes", None)
+    res.notes.extend(found() if callable(found) else [])
     # Before any backend: a case that would not fit in memory is refused, not left to the OOM killer (whose
     # kill would lose every later case too).
     fits = memory.judge(cr, options)

@@ -137,6 +137,10 @@ class Graph:
     draws: object = None  # randomness.Draws: the random nodes (dropout, rand, bernoulli ...), each one case draw
     lowerings: dict = field(default_factory=dict)  # op -> this graph's own lowering (a custom op's reference)
     problems: dict[str, str] = field(default_factory=dict)  # node name -> why the tape and jax cannot run it
+    # Nodes where torch's own kernel, not the lowering, computes something else than the op (the lowering check
+    # with torch's reference decomposition's word, ``third_opinion``): the tape and jax run the graph as the op
+    # should be, and torch is expected to disagree.  Node name -> what the check found.
+    kernel_faults: dict[str, str] = field(default_factory=dict)
     # Why the graph as a whole does not compute what the module does in float64 although each node's lowering
     # matches torch's op ("" when it does): a decomposition that fixed a value at the capture's dtype.
     unfaithful: str = ""

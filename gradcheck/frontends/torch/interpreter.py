@@ -195,8 +195,10 @@ def _call(graph, node, env, ctx, stack, layer_of):
 
 
 # ---------------------------------------------------------------- checking the lowerings
-def verify(graph: capture.Graph, values: dict, mask) -> dict[str, str]:
-    """Problems found running every node by torch and by its lowering on torch's inputs (float64)."""
+def verify(graph: capture.Graph, values: dict, mask) -> tuple[dict[str, str], dict[str, str]]:
+    """What running every node by torch and by its lowering on torch's inputs (float64) found: the problems (nodes
+    the tape and jax cannot run) and the kernel faults (nodes where torch's reference decomposition sides with the
+    lowering against torch's kernel), each by node name."""
     import torch
 
     default = torch.get_default_dtype()
@@ -238,11 +240,12 @@ def torch_run(graph: capture.Graph, values: dict, mask) -> list:
         torch.set_default_dtype(default)
 
 
-def _verify(graph: capture.Graph, values: dict, mask) -> dict[str, str]:
+def _verify(graph: capture.Graph, values: dict, mask) -> tuple[dict[str, str], dict[str, str]]:
     import torch
     from torch.fx.node import map_arg
 
     problems: dict[str, str] = {}
+    faults: dict[str, str] = {}
     tenv: dict = {}
     lenv: dict = {}  # each node's lowering output, where it has one (to find Unavailable outputs used later)
     ctx = Context(np.float64, mask)
@@ -307,8 +310,11 @@ def _verify(graph: capture.Graph, values: dict, mask) -> dict[str, str]:
                        if node.name in graph.draws.index else
                        third_opinion.consult(node.target, targs, tkwargs, _to_numpy(tout), out,
                                              functools.partial(_differ, floor=floor)))
-            problems[node.name] = _disagreement(op, why, capture.where(node), opinion)
-    return problems
+            # torch's kernel at fault: the graph the tape and jax run computes the op; the lowering's value goes
+            # on (lenv) as every right node's does.
+            found = faults if opinion.side == third_opinion.KERNEL_WRONG else problems
+            found[node.name] = _disagreement(op, why, capture.where(node), opinion)
+    return problems, faults
 
 
 def _disagreement(op: str, why: str, where: str, opinion) -> str:
@@ -317,9 +323,8 @@ def _disagreement(op: str, why: str, where: str, opinion) -> str:
     head = f"the lowering of {op} disagrees with torch's {op} ({why}), {where}; "
     if opinion.side == third_opinion.KERNEL_WRONG:
         return (head + f"{opinion.why}, so torch's kernel of {op} is the likely one at fault (a regression in torch, "
-                "or a kernel replaced through torch.library): the tape and jax cannot check this case, whose graph "
-                "they would run differs from what torch computes, and torch is checked alone against the float64 "
-                "referee on its own forward")
+                "or a kernel replaced through torch.library): the tape and jax run the op as its decomposition "
+                "computes it, and torch's results are expected to disagree with theirs from this node on")
     if opinion.side == third_opinion.LOWERING_WRONG:
         return (head + f"{opinion.why}, so this is a bug in gradcheck/frontends/torch/aten.py (a form of the op it "
                 "does not lower should raise LoweringError): the tape and jax cannot check this case until it is fixed")

@@ -46,7 +46,7 @@ from gradcheck.tree import join, leaves_with_paths, owner_of
 # output's scale: far looser than float64's rounding of a decomposition, far tighter than another computation.
 CACHE_CHECK_RTOL = 1e-6
 
-_RESERVED = frozenset(dir(Module)) | {"training", "_frozen", "_program", "_dropout_seed", "_unit", "record_calls"}
+_RESERVED = frozenset(dir(Module)) | {"training", "_frozen", "_program", "_dropout_seed", "_unit", "record_calls", "found_notes", "found_origin"}
 
 
 class TorchModule(Module):
@@ -67,6 +67,26 @@ class TorchModule(Module):
     def record_calls(self, cr) -> list:
         """Each submodule call as a replay unit, recorded at the case point (``gradcheck.check.localise``)."""
         return units.record(self._program, cr)
+
+    def found_origin(self):
+        """The origin a torch kernel found wrong on the reference forward names, or None: the first such node's
+        module, a forward divergence blamed on torch (``capture.Graph.kernel_faults``)."""
+        from gradcheck.results import Origin
+
+        for graph in self._program.graphs():
+            for node in graph.nodes:
+                if node.name in graph.kernel_faults:
+                    path, kind = capture.module_of(node)
+                    return Origin(path=path, layer=kind, kind="forward", blame=["torch"], op=capture.op_name(node),
+                                  message=f"forward divergence at {path or '(model)'} ({kind}): torch's own kernel "
+                                          f"computes something else: {graph.kernel_faults[node.name]}")
+        return None
+
+    def found_notes(self) -> list[str]:
+        """What the graph checks found on the run's first float64 call that the case's notes must say: a torch
+        kernel found wrong (``capture.Graph.kernel_faults``)."""
+        return [f"torch's own kernel is likely wrong: {why}" for graph in self._program.graphs()
+                for why in graph.kernel_faults.values()]
 
 
 class TorchSubmodule(Module):
@@ -124,6 +144,10 @@ class Program:
             self._watch = previous
 
     # -- capture, on demand per mode -------------------------------------------
+    def graphs(self) -> list:
+        """The graphs captured so far (train mode's, eval mode's)."""
+        return list(self._graphs.values())
+
     def graph(self, training: bool) -> capture.Graph:
         if training not in self._graphs:
             self._capture(training)
@@ -338,10 +362,13 @@ class Program:
         if floats != np.float64:
             return  # only a float64 run can tell a wrong lowering from rounding
         with cost.counting(), kinks.suspended():
-            found = interpreter.verify(graph, self._placeholders(graph, values, inputs, floats),
-                                       self._mask(root, graph))
+            found, faults = interpreter.verify(graph, self._placeholders(graph, values, inputs, floats),
+                                               self._mask(root, graph))
             graph.problems.update(found)
-            if not graph.problems:
+            graph.kernel_faults.update(faults)
+            # A kernel of torch's found wrong makes the module differ from the graph by design: the graph is the
+            # one that computes the ops, so it is not held to the module.
+            if not graph.problems and not graph.kernel_faults:
                 graph.unfaithful = self._unfaithful(root, graph, values, inputs)
         graph.verified = True
         if graph.entry and (found or graph.unfaithful):

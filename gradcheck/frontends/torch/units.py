@@ -540,8 +540,10 @@ def record(program, cr) -> tuple[list, list[str]]:
         picks = [_closest(values[o.name], out_arrays) if o.name in values else None for o in unit.outputs]
         if any(p is None for p in picks):
             lost = [o.name for o, p in zip(unit.outputs, picks) if p is None]
+            moved = (f" (torch's own forward is moved by its kernel found wrong at node "
+                     f"{', '.join(sorted(graph.kernel_faults))})" if graph.kernel_faults else "")
             notes.append(f"per-submodule replay: {unit.path or '(model)'} ({unit.cls}) hands values on other than "
-                         f"through what it returns (nodes {', '.join(lost[:3])}); not replayed")
+                         f"through what it returns (nodes {', '.join(lost[:3])}){moved}; not replayed")
             continue
         free = {n.name: values[n.name] for n in unit.inputs if n not in matched and n.name in values}
         prefix = unit.path + "." if unit.path else ""
