@@ -1,17 +1,19 @@
 """Where a node's lowering and torch's kernel disagree, torch's own reference decomposition says which is wrong.
 
 ``third_opinion.consult``: the lowering check runs every node by torch's kernel and by gradcheck's lowering; when
-they differ, torch's decomposition of the op (``torch._decomp``), where it does not call a kernel of the same name,
-sides with one of them.  Checked here, end to end through ``from_torch`` on a small GELU network, on three seeds:
+they differ, torch's decomposition of the op (``torch._decomp``, as deep as the table goes), where it runs none of
+the kernels torch's op runs, sides with one of them.  Checked here, end to end through ``from_torch`` on a small
+network (Linear, LayerNorm, GELU, Linear), on three seeds:
 
-* a torch kernel replaced through ``torch.library`` with a wrong one (``aten::gelu`` on CPU, 1 % off): the message
-  names torch's kernel as the likely one at fault and never calls it a bug of gradcheck, and torch's gradients,
-  which no longer match its own forward, are blamed on torch by the referee;
-* the clean control: the same network with torch's own kernel agrees on all three backends, nothing unavailable;
-* the negative control: a wrong lowering of the same op is named as a bug in gradcheck's lowering table, with the
-  decomposition siding with torch's kernel;
-* where the decomposition cannot tell (none, or one that calls the op's own kernel), the message says either may
-  be wrong.
+* torch kernels replaced through ``torch.library`` with wrong ones, 1 % off (``aten::gelu``'s forward; its
+  forward and backward together, which torch alone against the referee cannot see; ``native_layer_norm``'s
+  forward, under the graph's composite ``layer_norm``): the case is cross-checked in full, its notes name torch's
+  kernel as the likely fault and never call it a bug of gradcheck, torch is blamed, and the origin is the
+  module of the wrong kernel, a forward divergence;
+* the clean control: the same network with torch's own kernels agrees on all three backends, nothing unavailable;
+* the negative control: a wrong lowering is named as a bug in gradcheck's lowering table, with the decomposition
+  siding with torch's kernel;
+* where the decomposition cannot tell (none, or one that runs the op's own kernel), it says so.
 """
 
 from __future__ import annotations
@@ -32,7 +34,6 @@ from gradcheck.check.runner import RunOptions, run_case  # noqa: E402
 from gradcheck.frontends.torch import aten, from_torch, third_opinion  # noqa: E402
 
 ALL = ("tape", "torch", "jax")
-LIKELY_KERNEL = "so torch's kernel of aten.gelu.default is the likely one at fault"
 GRADCHECK_BUG = "so this is a bug in gradcheck/frontends/torch/aten.py"
 
 
@@ -44,43 +45,66 @@ def _gelu_derivative(x):
     return 0.5 * (1 + torch.erf(x / math.sqrt(2))) + x * torch.exp(-0.5 * x * x) / math.sqrt(2 * math.pi)
 
 
-@pytest.fixture(params=["forward only", "forward and backward"])
-def wrong_gelu_kernel(request):
-    """torch's CPU kernel of aten::gelu replaced by one 1 % off; "forward and backward" replaces gelu_backward's
-    to match, so that torch's gradients are its own forward's and only the cross-check can find it."""
+def _layer_norm(x, shape, weight, bias, eps):
+    dims = tuple(range(-len(shape), 0))
+    mean = x.mean(dims, keepdim=True)
+    rstd = torch.rsqrt(((x - mean) ** 2).mean(dims, keepdim=True) + eps)
+    return (x - mean) * rstd * 1.01 * weight + bias, mean, rstd
+
+
+# Each wrong kernel: what is replaced, and the node, module and op the check must name.
+#  * gelu's forward alone: torch's backward (gelu_backward) is still right;
+#  * gelu's forward and backward together, 1 % off: torch's gradients are its own forward's, so only the
+#    cross-check can find it (torch alone against the referee on its own forward passed it);
+#  * native_layer_norm's forward, under the captured graph's aten.layer_norm (a composite op, which has no
+#    decomposition of its own and runs native_layer_norm's kernel): the decomposition is taken one level deeper.
+KERNELS = {
+    "gelu forward": ({"gelu": lambda x, approximate="none": _gelu(x) * 1.01}, "2", "GELU", "aten.gelu.default"),
+    "gelu forward and backward": ({"gelu": lambda x, approximate="none": _gelu(x) * 1.01,
+                                   "gelu_backward": lambda g, x, approximate="none": g * _gelu_derivative(x) * 1.01},
+                                  "2", "GELU", "aten.gelu.default"),
+    "native_layer_norm forward": ({"native_layer_norm": _layer_norm}, "1", "LayerNorm", "aten.layer_norm.default"),
+}
+
+
+@pytest.fixture(params=sorted(KERNELS))
+def wrong_kernel(request):
+    """torch's CPU kernels replaced through torch.library (restored after the test)."""
+    kernels, *named = KERNELS[request.param]
     lib = torch.library.Library("aten", "IMPL")
     with warnings.catch_warnings():  # torch warns, once per process, that a registered kernel is overridden
         warnings.simplefilter("ignore")
-        lib.impl("gelu", lambda x, approximate="none": _gelu(x) * 1.01, "CPU")
-        if request.param == "forward and backward":
-            lib.impl("gelu_backward", lambda g, x, approximate="none": g * _gelu_derivative(x) * 1.01, "CPU")
-    yield request.param
+        for op, fn in kernels.items():
+            lib.impl(op, fn, "CPU")
+    yield named
     lib._destroy()
 
 
 def _run(seed: int):
     torch.manual_seed(seed)
-    model = nn.Sequential(nn.Linear(6, 8), nn.GELU(), nn.Linear(8, 3))
-    return run_case(from_torch(model, torch.randn(4, 6), name="gelu mlp", seed=seed), RunOptions(backends=ALL))
+    model = nn.Sequential(nn.Linear(6, 8), nn.LayerNorm(8), nn.GELU(), nn.Linear(8, 3))
+    return run_case(from_torch(model, torch.randn(4, 6), name="mlp", seed=seed), RunOptions(backends=ALL))
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_a_wrong_torch_kernel_is_named_as_torchs_and_blamed_on_torch(wrong_gelu_kernel, seed):
+def test_a_wrong_torch_kernel_is_named_as_torchs_and_blamed_on_torch(wrong_kernel, seed):
+    path, layer, op = wrong_kernel
     r = _run(seed)
     # The tape and jax run the graph as the op's decomposition computes it: the full cross-check.
     assert not r.unavailable and not r.errors and sorted(r.timings) == sorted(ALL), (r.unavailable, r.errors)
     (note,) = [n for n in r.notes if n.startswith("torch's own kernel is likely wrong")]
-    assert "the lowering of aten.gelu.default disagrees with torch's aten.gelu.default" in note, note
-    assert "agrees with the lowering, not with torch's kernel" in note and LIKELY_KERNEL in note, note
-    assert "bug in gradcheck" not in note and "module 1 (GELU)" in note, note
+    assert f"the lowering of {op} disagrees with torch's {op}" in note, note
+    assert "agrees with the lowering, not with torch's kernel" in note, note
+    assert f"so torch's kernel of {op} is the likely one at fault" in note, note
+    assert "bug in gradcheck" not in note and f"module {path} ({layer})" in note, note
     wrong = [leaf for leaf in r.leaves if leaf.verdict == "disagree"]
     assert r.verdict == "disagree", [(x.path, x.verdict, x.message) for x in r.leaves]
-    # The output (by majority) and the second Linear's weight, whose gradient reads the GELU's values (by the
-    # referee); the leaves before the GELU only see its backward, which is torch's own in "forward only".
-    assert {"output", "2.weight"} <= {leaf.path for leaf in wrong}
+    # The output (by majority) and the last Linear's weight, whose gradient reads the wrong kernel's values (by
+    # the referee); the leaves before it see torch's backward, which "forward" alone leaves right.
+    assert {"output", "3.weight"} <= {leaf.path for leaf in wrong}
     assert all(leaf.blame == ["torch"] for leaf in wrong)
     o = r.origin
-    assert (o.path, o.layer, o.kind, o.blame, o.op) == ("1", "GELU", "forward", ["torch"], "aten.gelu.default"), o
+    assert (o.path, o.layer, o.kind, o.blame, o.op) == (path, layer, "forward", ["torch"], op), o
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
@@ -116,7 +140,13 @@ def test_the_decomposition_sides_with_whichever_it_agrees_with_and_only_when_ind
     assert consult(gelu, (x,), {}, right, right, _differ).side == third_opinion.OPEN  # both
     # exp's decomposition calls prims.exp, which runs torch's exp kernel: no independent opinion.
     e = consult(torch.ops.aten.exp.default, (x,), {}, np.exp(x.numpy()) * 1.01, np.exp(x.numpy()), _differ)
-    assert e.side == third_opinion.OPEN and "calls the same op's kernel" in e.why
+    assert e.side == third_opinion.OPEN and "runs the kernel its op runs (exp)" in e.why
+    # layer_norm, a composite op, has no decomposition of its own; native_layer_norm, whose kernel it runs, has.
+    shape = [5]
+    ln = torch.ops.aten.layer_norm.default
+    right_ln = ln(x, shape).numpy()
+    assert consult(ln, (x, shape), {}, right_ln * 1.01, right_ln, _differ).side == third_opinion.KERNEL_WRONG
+    assert consult(ln, (x, shape), {}, right_ln, right_ln * 1.01, _differ).side == third_opinion.LOWERING_WRONG
     # convolution has no decomposition at all.
     w = torch.randn(2, 1, 3, dtype=torch.float64)
     args = (x[None, :1], w, None, [1], [0], [1], False, [0], 1)
