@@ -79,14 +79,15 @@ def test_a_case_is_prepared_and_agrees_as_unprepared(monkeypatch):
     assert [(x.path, x.verdict) for x in prepared.leaves] == [(x.path, x.verdict) for x in plain.leaves]
 
 
-def test_the_eager_backends_run_while_jax_compiles_whatever_order_the_run_names(monkeypatch):
-    # Named first, jax would wait for its compilation before the tape and torch start: they run first, and the
+def test_the_tape_runs_while_jax_compiles_and_torch_after_whatever_order_the_run_names(monkeypatch):
+    # Named first, jax would wait for its compilation before the tape starts: the tape runs first, on the cores
+    # the compilation leaves it; torch, whose threads are left as they are, after jax, on every core; and the
     # case is judged as in the default order.
     order = []
     evaluate = runner._evaluate_backend
     monkeypatch.setattr(runner, "_evaluate_backend", lambda name, *args: (order.append(name), evaluate(name, *args)))
     res = run_case(CASE.with_(seed=4), RunOptions(backends=("jax", "torch", "tape")))
-    assert order == ["torch", "tape", "jax"]
+    assert order == ["tape", "jax", "torch"]
     assert res.timings["jax"].prepare is not None and res.verdict == "agree"
     default = run_case(CASE.with_(seed=4), RunOptions(backends=ALL))
     assert [(x.path, x.verdict) for x in res.leaves] == [(x.path, x.verdict) for x in default.leaves]
@@ -138,7 +139,7 @@ def test_float64s_reach_reuses_the_compiled_program(monkeypatch):
 def _blas_threads() -> int:
     import threadpoolctl
 
-    return max((lib["num_threads"] for lib in threadpoolctl.threadpool_info()), default=1)
+    return max((lib["num_threads"] for lib in threadpoolctl.threadpool_info() if lib["user_api"] == "blas"), default=1)
 
 
 def _threads_per_call(monkeypatch, names) -> dict[str, list]:
@@ -159,6 +160,9 @@ def _threads_per_call(monkeypatch, names) -> dict[str, list]:
 
 
 def test_an_eager_backend_runs_on_half_the_cores_while_jax_compiles_and_gets_them_back(monkeypatch):
+    """The BLAS libraries' threads (the tape's numpy) are halved while jax compiles; torch's are never touched:
+    torch 2.13's oneDNN convolution backward corrupts the heap on one thread for some convolutions
+    (``gradcheck.check.cores``), so a checker that lowered them crashed models torch runs fine."""
     import torch
 
     from gradcheck.check import cores
@@ -169,11 +173,11 @@ def test_an_eager_backend_runs_on_half_the_cores_while_jax_compiles_and_gets_the
     torch.set_num_threads(2)
     blas = _blas_threads()
     try:
-        # jax reports a compilation in flight for the whole case: both eager backends run on one core of two
+        # jax reports a compilation in flight for the whole case: both eager backends' BLAS run on one core of two
         monkeypatch.setattr(JaxBackend, "busy", lambda self: True)
         shared = run_case(CASE, RunOptions(backends=ALL))
         seen = {name: set(threads) for name, threads in calls.items()}
-        assert seen == {"tape": {(1, 1)}, "torch": {(1, 1)}}
+        assert seen == {"tape": {(2, 1)}, "torch": {(2, 1)}}
         assert torch.get_num_threads() == 2 and _blas_threads() == blas  # given back
         # nothing in flight: every core, and the same verdicts
         calls.clear()
@@ -207,7 +211,7 @@ def test_the_cores_are_decided_at_each_call_so_a_finished_compilation_gives_them
     finally:
         torch.set_num_threads(before)
     assert res.verdict == "agree"
-    assert calls[0] == (1, 1) and set(calls[1:]) == {(2, blas)}, calls
+    assert calls[0] == (2, 1) and set(calls[1:]) == {(2, blas)}, calls
     assert len(calls) == 3  # float64, then float32 twice
 
 
@@ -234,7 +238,7 @@ def test_a_repeat_runs_on_the_cores_of_the_call_it_repeats(monkeypatch, amplifie
             ev = counted(f, args, prefixes)
             if all(np.asarray(g).dtype != np.float32 for g in ev.grads.values()):
                 return ev
-            scale = 1 + 1e-2 * (torch.get_num_threads() - 1)
+            scale = 1 + 1e-2 * (_blas_threads() - 1)
             return dataclasses.replace(ev, grads={p: g * np.float32(scale) for p, g in ev.grads.items()})
 
         monkeypatch.setattr(driver, "evaluate", by_threads)
@@ -248,7 +252,7 @@ def test_a_repeat_runs_on_the_cores_of_the_call_it_repeats(monkeypatch, amplifie
     finally:
         torch.set_num_threads(before)
     assert res.verdict == "agree", [(x.path, x.verdict, x.message) for x in res.leaves if x.verdict != "agree"]
-    assert calls[0] == calls[1] == calls[2] == (1, 1), calls  # float64 and float32 shared, the repeat as its call
+    assert calls[0] == calls[1] == calls[2] == (2, 1), calls  # float64 and float32 shared, the repeat as its call
 
 
 def test_a_prepared_compilation_is_busy_until_it_finishes():

@@ -118,6 +118,10 @@ class Backend:
     # Whether the first call compiles (so a second call times the computation
     # alone); eager backends' calls all cost the same, and the runner calls them once.
     compiles = False
+    # Whether the threads it computes on are the BLAS libraries' (the tape's numpy), which are lowered while a
+    # compilation runs beside it (``gradcheck.check.cores``).  One whose are not (torch's own pool, left as torch
+    # has it) runs after the compiling backends instead, when the compilation has every core back.
+    shares_cores = True
 
     def busy(self) -> bool:
         """Whether work this backend started in the background (a compilation ``prepare`` began) is still

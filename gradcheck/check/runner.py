@@ -347,13 +347,20 @@ def _run_backends(cr: CaseRun, options: RunOptions, res: CaseResult) -> dict[str
     # Its float64 arrays only: the reference never sees a float32 case's float32 ones, whose snapshot was just taken.
     cr.restore_changed(REFERENCE_FORWARD, {"64": before["64"]}, res)
     _prepare_compiled(cr, options, res, f64, f32)
-    # The eager backends first, while the compiling ones compile beside them (each backend is judged on its own,
-    # so the order changes nothing else).
+    # The eager backends that share the cores first, while the compiling ones compile beside them; then the
+    # compiling ones; then the eager ones whose threads are not lowered, on every core (``Backend.shares_cores``).
+    # Each backend is judged on its own, so the order changes nothing else.
     compiling = [get_backend(b) for b in options.backends if get_backend(b).compiles]
-    for name in sorted(options.backends, key=lambda b: get_backend(b).compiles):
+    for name in sorted(options.backends, key=_turn):
         _evaluate_backend(name, cr, options, res, runs, f64, f32, compiling)
         cr.restore_changed(name, before, res)
     return {name: runs[name] for name in options.backends if name in runs}
+
+
+def _turn(name: str) -> int:
+    """When backend ``name`` runs in a case (``_run_backends``)."""
+    backend = get_backend(name)
+    return 1 if backend.compiles else 0 if backend.shares_cores else 2
 
 
 def _prepare_compiled(cr: CaseRun, options: RunOptions, res: CaseResult, f64, f32) -> None:

@@ -91,6 +91,7 @@ class TorchBackend(Backend):
         "https://download.pytorch.org/whl/cpu`, or, after installing a CPU torch, "
         "`pip install 'gradcheck[torch]'`"
     )
+    shares_cores = False  # its intra-op pool is the user's configuration (``gradcheck.check.cores``)
 
     def __init__(self, device: str | None = None):
         self.device = device or os.environ.get(DEVICE_ENV) or "cpu"
