@@ -12,7 +12,7 @@
    compilation; it is reduced to its spreads at once, ``_spreads``).  Each
    backend's float32 gradients are measured against its float64 ones as
    they return, and only the measurement is kept (``_measured32``).  The
-   eager backends run first, while jax compiles beside them.  One backend that fails is that
+   tape runs first, while jax compiles beside it, and torch after jax (``_turn``).  One backend that fails is that
    backend's recorded error; the others go on.  A backend that writes into
    the arrays it was handed is reported, and the next one gets the case's
    values again (``CaseRun.restore_changed``).
