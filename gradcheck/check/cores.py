@@ -1,7 +1,8 @@
 """The cores an eager backend takes while a compiling backend compiles beside it.
 
 jax's programs for a case are compiled on a background thread while the tape
-and torch run (``runner._prepare_compiled``).  One XLA compilation already
+runs (``runner._prepare_compiled``; torch runs after jax, ``runner._turn``,
+for the reason below).  One XLA compilation already
 keeps about 1.7 cores busy, so an eager backend that also asks for every
 core oversubscribes them: its threads wait on descheduled ones.  While a
 backend reports work in the background (``Backend.busy``), the BLAS
