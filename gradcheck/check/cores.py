@@ -12,15 +12,14 @@ one, never more than they had), restored when the call returns
 
 torch's own threads (its intra-op pool, OpenMP) are left as they are.
 Lowering them was measured to pay too, but it runs the user's model on a
-configuration they did not choose, and torch 2.13's oneDNN convolution
-backward corrupts the heap on one thread (a 1x1, stride-2 kernel over a
-channels-last float32 input: a flax ResNet block lowered to torch): the
-process died where torch at its default runs the model fine.  A checker
-must not crash a model its users run.
+configuration they did not choose, where torch's kernels may differ: torch
+2.13's oneDNN convolution backward corrupts the heap on one thread (a 1x1,
+stride-2 kernel over a channels-last float32 input) and computes a wrong
+float32 weight gradient on two or more.  The process died where torch at its
+default runs the model.  A checker must not crash a model its users run.
 
-Results do not depend on it: the thread count of a float64 or float32 run
-changes rounding, which the float32 measurement already allows, and never
-which gradient is computed.
+The BLAS thread count of a run changes rounding only, which the float32
+measurement already allows.
 """
 
 from __future__ import annotations

@@ -500,9 +500,18 @@ def pad(x, pad_width, value=0.0):
 
 # ---------------------------------------------------------------- neural-network ops
 def _conv_args(x, w, bias):
-    """Input, weight and bias as tensors (any of them may be a numpy constant)."""
+    """Input, weight and bias as tensors (any of them may be a numpy constant), in torch's contiguous layout.
+
+    A program lowered from jax hands a convolution views of its NHWC input and HWIO kernel: for torch, a
+    channels-last tensor.  torch 2.13's oneDNN kernel for a channels-last float32 input computes a wrong weight
+    gradient with more than one thread and corrupts the heap with one (a 1x1, stride-2 kernel: a flax ResNet's
+    projection).  The layout is the lowering's choice, not the user's, so torch gets the contiguous one its
+    mainstream kernels take (docs/decisions.md, "A convolution lowered to torch takes contiguous operands");
+    ``contiguous`` returns an already contiguous tensor itself, and its backward is the identity.
+    """
     ref = _ref(x, w, bias)
-    return _tensor(x, ref), _tensor(w, ref), (None if bias is None else _tensor(bias, ref))
+    return (_tensor(x, ref).contiguous(), _tensor(w, ref).contiguous(),
+            (None if bias is None else _tensor(bias, ref)))
 
 
 def _int_or_tuple(v):
