@@ -273,6 +273,26 @@ def test_a_primitive_without_a_lowering_is_a_check_on_jax_alone_that_says_so(mon
     assert_agree(check(cubed, params, x, dtype="float64"))
 
 
+def cubed_and_permuted(params, x):
+    # Integer constants (an iota, an index normalised against the axis length) are the jaxpr's constant part.
+    return (jnp.tanh(CUBE.bind(x @ params["w"])) * (jnp.arange(3) + 1))[:, jnp.array([2, 0, 1])]
+
+
+def test_a_float32_model_checked_on_jax_alone_is_measured_in_float32():
+    """On jax alone the jax backend's compiled call is the first to ask for the float32 program, and the
+    constant part must still be computed eagerly under its trace (it was once a tracer there, and the case an
+    error).  Negative control: without ``ensure_compile_time_eval`` in ``interpreter.evaluate_constants``
+    this case's float32 run is an error (TracerArrayConversionError)."""
+    params, x = {"w": np.linspace(-1, 1, 12).reshape(4, 3)}, np.linspace(-1, 1, 8).reshape(2, 4)
+    case = from_jax(cubed_and_permuted, params, x, dtype="float32")
+    res = run_case(case, RunOptions(repeat=False))
+    assert not res.errors, res.errors
+    assert set(res.unavailable) == {"tape", "torch"}
+    assert res.verdict == "agree" and res.float32 == "ok", failing(res)
+    grads = [leaf for leaf in res.leaves if leaf.role in ("param", "input")]
+    assert grads and all(list(leaf.float32.errors) == ["jax"] for leaf in grads)
+
+
 # ---------------------------------------------------------------- conventions, state, modes
 def test_relus_gradient_at_zero_is_jaxs_convention_on_every_backend():
     """jax.nn.relu's gradient at 0 is 0; its body max(x, 0) would give 0.5 there (a rule, not the primal)."""

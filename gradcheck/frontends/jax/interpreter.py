@@ -121,7 +121,11 @@ def evaluate_constants(closed_jaxpr, values_for_const_invars: dict) -> dict:
     jaxpr, consts = _open(closed_jaxpr)
     args = [walk.drawn(_jax_value(values_for_const_invars[v])) if v in values_for_const_invars else _UNKNOWN
             for v in jaxpr.invars]
-    walk.jaxpr(jaxpr, consts, args, (), ())
+    # Eagerly, wherever it is asked: the jax backend's compiled call may be the first to ask for a run dtype's
+    # program (jax alone, where the tape and torch cannot run it), and under its trace each bind would give back
+    # a tracer, which the walk cannot turn into the numpy value it keeps.
+    with jax.ensure_compile_time_eval():
+        walk.jaxpr(jaxpr, consts, args, (), ())
     return walk.found
 
 
