@@ -273,6 +273,59 @@ def test_a_primitive_without_a_lowering_is_a_check_on_jax_alone_that_says_so(mon
     assert_agree(check(cubed, params, x, dtype="float64"))
 
 
+def times_default_ones(params, x):
+    return jnp.tanh(x @ params["w"]) * jnp.ones(3)  # jax's default float: float64 under the x64 gradcheck turns on
+
+
+def times_typed_ones(params, x):
+    return jnp.tanh(x @ params["w"]) * jnp.ones(3, x.dtype)
+
+
+def test_a_value_of_jaxs_default_float_is_float32_in_the_float32_run():
+    """With x64 off, as the model is run, ``jnp.ones(3)`` is float32; under gradcheck's x64 it is float64, and jax's
+    float32 run computed the output in float64.  That was once a structural float32 failure blamed on jax.  Every
+    float of a run is the run's dtype (the tape's and torch's rule), the note names the line, and a model whose
+    values carry the data's dtype has no such note.  Negative control: without ``_narrowed`` in
+    ``gradcheck.frontends.jax.model.Program.call`` the output leaf is structural with jax blamed."""
+    params = {"w": np.linspace(-1, 1, 12, dtype=np.float32).reshape(4, 3)}
+    x = np.linspace(-1, 1, 8, dtype=np.float32).reshape(2, 4)
+    case = from_jax(times_default_ones, params, x)
+    assert case.dtype == "float32"
+    line = inspect.getsourcelines(times_default_ones)[1] + 1
+    note = next(n for n in case.notes if "jax's float32 run computes in float64" in n)
+    assert re.search(rf"test_from_jax\.py:{line}\b", note), note
+    res = run_case(case, RunOptions(repeat=False))
+    assert_agree(res)
+    assert res.float32 == "ok", failing(res)
+    assert {leaf.path for leaf in res.leaves} >= {"output", "['w']", "input"}
+    typed = from_jax(times_typed_ones, params, x)
+    assert not [n for n in typed.notes if "float64" in n], typed.notes
+
+
+def scanned_from_a_float32_carry(params, xs):
+    return lax.scan(lambda h, x: (jnp.tanh(h @ params["w"] + x), None), jnp.zeros(3, jnp.float32), xs)[0]
+
+
+def scanned_from_a_typed_carry(params, xs):
+    return lax.scan(lambda h, x: (jnp.tanh(h @ params["w"] + x), None), jnp.zeros(3, xs.dtype), xs)[0]
+
+
+def test_a_model_that_does_not_trace_in_float64_says_why_and_the_way_out():
+    """A float32 carry the model makes itself meets the float64 values of the widened trace, and jax refuses the
+    scan.  The model runs as written, so the error says that, where, and what to change (it once told the user
+    to check that their call runs); with the data's dtype the same model is checked and agrees."""
+    params = {"w": np.linspace(-1, 1, 9, dtype=np.float32).reshape(3, 3)}
+    xs = np.linspace(-1, 1, 12, dtype=np.float32).reshape(4, 3)
+    assert scanned_from_a_float32_carry(params, xs).dtype == jnp.float32  # it runs as written
+    with pytest.raises(gradcheck.frontends.jax.TraceError) as info:
+        from_jax(scanned_from_a_float32_carry, params, xs)
+    message = str(info.value)
+    assert "traces as written, in float32, but jax cannot trace its float64 version" in message
+    assert "test_from_jax.py:" in message and "jnp.zeros(n, x.dtype)" in message
+    assert "check that this call runs" not in message
+    assert_agree(run_case(from_jax(scanned_from_a_typed_carry, params, xs), RunOptions(repeat=False)))
+
+
 def cubed_and_permuted(params, x):
     # Integer constants (an iota, an index normalised against the axis length) are the jaxpr's constant part.
     return (jnp.tanh(CUBE.bind(x @ params["w"])) * (jnp.arange(3) + 1))[:, jnp.array([2, 0, 1])]

@@ -201,6 +201,26 @@ def narrow_floats(jaxpr) -> list[str]:
     return found
 
 
+def widened_floats(jaxpr) -> list[str]:
+    """Each place the float32 program widens a float32 value to float64 (``jaxpr`` traced for the float32 run).
+
+    gradcheck traces with x64 on (its float64 check needs it), and under x64 jax's default float dtype is
+    float64: ``jnp.ones(n)``, ``jnp.zeros(...)``, ``jax.nn.one_hot``, ``jax.random.normal(key, shape)`` are
+    float64, and the float32 values that meet them are converted up.  With x64 off, as a model is usually run,
+    none of them is: the program is float32 throughout.  One line per place, as ``narrow_floats`` writes them.
+    """
+    found = []
+    for eqn, where in _equations(getattr(jaxpr, "jaxpr", jaxpr)):
+        if eqn.primitive.name != "convert_element_type" or not _narrow(eqn.invars[0].aval):
+            continue
+        out = eqn.outvars[0].aval
+        if jnp.issubdtype(out.dtype, jnp.inexact) and not _narrow(out):
+            line = f"{eqn.invars[0].aval.str_short()} -> {out.dtype} at {where or 'an unknown line'}"
+            if line not in found:
+                found.append(line)
+    return found
+
+
 # --- what each framework contributes --------------------------------------------------------------------
 
 
@@ -778,6 +798,19 @@ def _trace_message(kind: str, name: str, form: str | None, exc: Exception) -> st
         fix = f"the model fails when it is called as {form or 'the call form says'} at the example inputs; check that this call runs"
     return (f"from_jax: jax cannot trace {_LABELS[kind]} {name}: {type(exc).__name__}: {reason}"
             f"{f' (at {where})' if where else ''}; {fix}")
+
+
+def float64_trace_message(kind: str, name: str, exc: Exception) -> str:
+    """Why a model that traces as written (float32) does not trace in float64, and the way out."""
+    cause = exc.__cause__ or exc
+    reason = str(cause).strip().split("\n\n")[0].strip()
+    reason = reason if len(reason) <= 600 else reason[:600] + " ..."
+    where = _user_frame(cause)
+    return (f"from_jax: {_LABELS[kind]} {name} traces as written, in float32, but jax cannot trace its float64 "
+            f"version, which the check needs: {type(cause).__name__}: {reason}{f' (at {where})' if where else ''}; "
+            "gradcheck makes it by widening the float32 parameters, inputs and dtype attributes to float64, and a "
+            "value the model makes float32 itself (jnp.zeros(n, jnp.float32) as a lax.scan carry) then meets "
+            "float64 ones: give that value the data's dtype (jnp.zeros(n, x.dtype))")
 
 
 _LABELS = {"jax": "the function", "linen": "the flax.linen module", "nnx": "the flax.nnx module",

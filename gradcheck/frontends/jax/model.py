@@ -137,12 +137,25 @@ class Program:
         name = np.dtype(floats).name
         if name not in self._traced:
             m = self.model_at(floats)
-            closed, shapes = fw._traced(m.kind, m.name, lambda: jax.make_jaxpr(m.call, return_shape=True)(*m.args()))
+            try:
+                closed, shapes = fw._traced(m.kind, m.name,
+                                            lambda: jax.make_jaxpr(m.call, return_shape=True)(*m.args()))
+            except fw.TraceError as exc:
+                if name != "float64" or self.model.case_dtype == "float64" or not self._traces_as_written():
+                    raise
+                raise fw.TraceError(fw.float64_trace_message(m.kind, m.name, exc)) from exc.__cause__
             out_leaves = jax.tree_util.tree_leaves(shapes[0])
             floats_at = tuple(i for i, s in enumerate(out_leaves) if jnp.issubdtype(s.dtype, jnp.inexact))
             known = interpreter.evaluate_constants(closed, self.given(closed, m))
             self._traced[name] = Traced(closed, jax.tree_util.tree_structure(shapes), floats_at, known)
         return self._traced[name]
+
+    def _traces_as_written(self) -> bool:
+        try:
+            self.traced(np.float32)
+        except fw.TraceError:
+            return False
+        return True
 
     def given(self, closed, m: fw.Model) -> dict:
         """The jaxpr's invars whose values are the case's constants: the key data, the integer inputs."""
@@ -219,6 +232,11 @@ class Program:
             out, new = self.model_at(floats).call(params, buffers, tuple(inputs), self.model.key)
             leaves = jax.tree_util.tree_leaves(out)
             picked = [leaves[i] for i in self.traced(floats).floats]
+            if np.dtype(floats) != np.float64:
+                # Every float of a run is the run's dtype, as on the tape and torch: a float64 value here is
+                # jax's default float under the x64 that gradcheck turned on (facts.describe says where).
+                picked = [_narrowed(x, floats) for x in picked]
+                new = {k: _narrowed(v, floats) for k, v in new.items()}
         elif backend == "numpy" and floats == np.float64 and not self.verified:
             self._verify(params, buffers, inputs)
             return self.call(root, inputs)
@@ -309,6 +327,14 @@ class Program:
                         "equation's lowering matches jax's primitive; the tape and torch cannot check this model, jax "
                         "alone is checked, against the referee on the model's own float64 forward")
         return ""
+
+
+def _narrowed(x, floats):
+    """``x`` in the run's float dtype where it is a wider float; anything else as it is."""
+    dt = getattr(x, "dtype", None)
+    if dt is not None and jnp.issubdtype(dt, jnp.floating) and np.dtype(dt).itemsize > np.dtype(floats).itemsize:
+        return x.astype(floats)
+    return x
 
 
 def _beyond(want: np.ndarray, got: np.ndarray, tol) -> str:
