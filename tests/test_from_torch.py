@@ -63,6 +63,28 @@ def test_plain_modules_agree_with_torch_names_and_buffers():
     assert next(leaf for leaf in res.leaves if leaf.path == "0.bias").verdict == "vacuous"
 
 
+class ZeroKeyBias(nn.Module):
+    """timm's BEiT attention: a query and a value bias, and a constant zero key bias between them (a buffer)."""
+
+    def __init__(self):
+        super().__init__()
+        self.qkv = nn.Linear(8, 24, bias=False)
+        self.q_bias, self.v_bias = nn.Parameter(torch.randn(8)), nn.Parameter(torch.randn(8))
+        self.register_buffer("k_bias", torch.zeros(8), persistent=False)
+
+    def forward(self, x):
+        return torch.nn.functional.linear(x, self.qkv.weight, torch.cat((self.q_bias, self.k_bias, self.v_bias)))
+
+
+def test_a_constant_zero_buffer_leaves_the_cases_float32_to_the_measured_leaves():
+    torch.manual_seed(0)
+    res = check(ZeroKeyBias().train(), torch.randn(2, 5, 8))
+    assert_agree(res)
+    parts = {leaf.path: leaf.float32.verdict for leaf in res.leaves if leaf.float32}
+    assert parts.pop("k_bias") == "unmeasured" and set(parts.values()) == {"ok"}, parts
+    assert res.float32 == "ok"
+
+
 @pytest.mark.parametrize("make", [fam.make_basic_block, fam.make_bottleneck], ids=["basic", "bottleneck"])
 def test_resnet_blocks_agree(make):
     model, inputs = make()

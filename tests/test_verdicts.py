@@ -152,6 +152,22 @@ def test_float32_computed_in_float64_is_structural():
     assert part.verdict == "structural" and part.imprecise == ["tape"] and "in float64" in part.message
 
 
+def test_a_leaf_with_nothing_to_measure_decides_the_case_only_when_nothing_was_measured():
+    """A constant zero buffer's float32 is unmeasured (its float64 value is 0); with every gradient measured the
+    case's float32 is theirs.  It once made the whole case "unmeasured" (timm's BEiT, EVA-02, ConViT)."""
+    g = np.linspace(1.0, 2.0, 5)
+    ok = verdict.float32_part({b: g.astype(np.float32) for b in ALL}, {b: g for b in ALL}, 10.0, 1e-4)
+    nothing = verdict.float32_part({b: np.zeros(3, np.float32) for b in ALL}, {b: np.zeros(3) for b in ALL},
+                                   10.0, 1e-4)
+    off = verdict.float32_part({"tape": g.astype(np.float32), "torch": g.astype(np.float32),
+                                "jax": (g * (1 + 3e-3)).astype(np.float32)}, {b: g for b in ALL}, 10.0, 1e-4)
+    assert (ok.verdict, nothing.verdict, off.verdict) == ("ok", "unmeasured", "imprecise")
+    assert verdict.worst_float32([ok, nothing]) == "ok"
+    assert verdict.worst_float32([nothing, None]) == "unmeasured"
+    assert verdict.worst_float32([ok, nothing, off]) == "imprecise"
+    assert verdict.worst_float32([None]) == ""
+
+
 def conv_relu_bn(rng):
     return L.Chain(L.Conv2d(3, 4, 3, padding=1, rng=rng), L.BatchNorm2d(4), L.ReLU(),
                    L.Conv2d(4, 2, 3, rng=rng), L.Flatten(), L.Dense(2 * 6 * 6, 3, rng=rng))

@@ -288,9 +288,13 @@ def _times(e: float, best: float) -> str:
 
 
 def worst_float32(parts) -> str:
+    """The case's float32 verdict: the worst of its leaves'.  A leaf with nothing to measure (its float64 result
+    exactly zero: a constant buffer, a gradient an exact zero) decides only when no leaf could be measured, as a
+    vacuous leaf decides a case only when every gradient is vacuous."""
     verdicts = [p.verdict for p in parts if p is not None]
+    measured = [v for v in verdicts if v != "unmeasured"] or verdicts
     for v in FLOAT32_VERDICTS:
-        if v in verdicts:
+        if v in measured:
             return v
     return "ok" if verdicts else ""
 
