@@ -54,21 +54,28 @@ def describe(program) -> list[str]:
                      f"{'s' if len(narrow) > 1 else ''} the model itself casts ({'; '.join(narrow[:3])}"
                      f"{'; ...' if len(narrow) > 3 else ''}): every backend follows the cast, so float64 cannot be "
                      "sharper there")
-    if model.case_dtype == "float32":
-        wide = fw.widened_floats(program.traced("float32").closed)
-        if wide:
-            notes.append(f"jax's float32 run computes in float64 from {len(wide)} place{'s' if len(wide) > 1 else ''} "
-                         f"where float32 values meet jax's default float dtype ({'; '.join(wide[:3])}"
-                         f"{'; ...' if len(wide) > 3 else ''}): gradcheck turns x64 on for its float64 check, and "
-                         "under it the default is float64 (jnp.ones, jnp.zeros, one_hot, jax.random draws without a "
-                         "dtype). With x64 off, as the model is usually run, those values are float32, and so they "
-                         "are on the tape and torch. jax's float32 results are taken as float32 and measured, "
-                         "less rounded than the model's own there; give those values the data's dtype "
-                         "(jnp.ones(n, x.dtype)) to measure jax's float32 run as it is run")
+    wide = _widened_in_float32(program) if model.case_dtype == "float32" else []
+    if wide:
+        notes.append(f"jax's float32 run computes in float64 from {len(wide)} place{'s' if len(wide) > 1 else ''} "
+                     f"where float32 values meet jax's default float dtype ({'; '.join(wide[:3])}"
+                     f"{'; ...' if len(wide) > 3 else ''}): gradcheck turns x64 on for its float64 check, and "
+                     "under it the default is float64 (jnp.ones, jnp.zeros, one_hot, jax.random draws without a "
+                     "dtype). With x64 off, as the model is usually run, those values are float32, and so they "
+                     "are on the tape and torch. jax's float32 results are taken as float32 and measured, "
+                     "less rounded than the model's own there; give those values the data's dtype "
+                     "(jnp.ones(n, x.dtype)) to measure jax's float32 run as it is run")
     missing = unlowered(traced.closed, traced.known)
     for why in missing.values():
         notes.append(f"tape and torch cannot run this model (jax only): {why}")
     return notes
+
+
+def _widened_in_float32(program) -> list[str]:
+    """``frameworks.widened_floats`` of the float32 program; [] where it does not trace (its run says why)."""
+    try:
+        return fw.widened_floats(program.traced("float32").closed)
+    except fw.TraceError:
+        return []
 
 
 def rule_name(eqn) -> str:

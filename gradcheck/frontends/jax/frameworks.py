@@ -784,9 +784,14 @@ def _traced(kind: str, name: str, fn, form: str | None = None):
         raise TraceError(_trace_message(kind, name, form, exc)) from exc
 
 
-def _trace_message(kind: str, name: str, form: str | None, exc: Exception) -> str:
+def _reason(exc: Exception) -> str:
+    """jax's first paragraph of ``exc``, at most 600 characters."""
     reason = str(exc).strip().split("\n\n")[0].strip()
-    reason = reason if len(reason) <= 600 else reason[:600] + " ..."
+    return reason if len(reason) <= 600 else reason[:600] + " ..."
+
+
+def _trace_message(kind: str, name: str, form: str | None, exc: Exception) -> str:
+    reason = _reason(exc)
     where = _user_frame(exc)
     if isinstance(exc, jax.errors.UnexpectedTracerError):
         fix = _LEAKED_FIX
@@ -803,9 +808,7 @@ def _trace_message(kind: str, name: str, form: str | None, exc: Exception) -> st
 def float64_trace_message(kind: str, name: str, exc: Exception) -> str:
     """Why a model that traces as written (float32) does not trace in float64, and the way out."""
     cause = exc.__cause__ or exc
-    reason = str(cause).strip().split("\n\n")[0].strip()
-    reason = reason if len(reason) <= 600 else reason[:600] + " ..."
-    where = _user_frame(cause)
+    reason, where = _reason(cause), _user_frame(cause)
     return (f"from_jax: {_LABELS[kind]} {name} traces as written, in float32, but jax cannot trace its float64 "
             f"version, which the check needs: {type(cause).__name__}: {reason}{f' (at {where})' if where else ''}; "
             "gradcheck makes it by widening the float32 parameters, inputs and dtype attributes to float64, and a "
