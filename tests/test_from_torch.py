@@ -268,6 +268,54 @@ def test_custom_function_with_a_wrong_backward_is_blamed_on_torch():
     assert_agree(check(_WithFunction(_RightTanh), x))  # the negative control: the right backward agrees
 
 
+class _Act(nn.Module):
+    """The Function applied inside a submodule of its own, as a layer library writes an activation."""
+
+    def __init__(self, fn):
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, x):
+        return self.fn.apply(x)
+
+
+class _WithActivation(nn.Module):
+    def __init__(self, fn):
+        super().__init__()
+        torch.manual_seed(0)
+        self.a, self.act, self.b = nn.Linear(4, 5), _Act(fn), nn.Linear(5, 3)
+
+    def forward(self, x):
+        return self.b(self.act(self.a(x)))
+
+
+@pytest.mark.parametrize("model", [_WithFunction, _WithActivation])
+def test_the_origin_of_a_wrong_custom_backward_names_the_function_and_its_line(model):
+    import inspect
+
+    x = torch.randn(3, 4, generator=torch.Generator().manual_seed(0))
+    res = check(model(_WrongTanh), x)
+    assert res.verdict == "disagree" and res.origin is not None, failing(res)
+    # The call that applies it: the model's own code, or the activation module's.
+    assert res.origin.path == ("act" if model is _WithActivation else "") and res.origin.blame == ["torch"]
+    line = inspect.getsourcelines(_WrongTanh.backward)[1]
+    assert f"custom autograd.Function _WrongTanh ({__file__}:{line})" in res.origin.message
+    assert_agree(check(model(_RightTanh), x))  # the negative control: the right backward agrees
+
+
+def test_the_origin_names_no_custom_function_where_torch_is_not_the_one_off(monkeypatch):
+    from gradcheck.backends.tape.tape import Primitive
+
+    # The tape's lowering of the Function's forward (a tanh) is wrong: the Function's backward is right, and torch
+    # with it; the origin is where the Function is applied, without blaming its backward.
+    bad = Primitive("bad_tanh", np.tanh).defvjp(lambda g, ans, x: ops.mul(g, ops.sub(1.0, ans)))
+    monkeypatch.setitem(aten.LOWERINGS, "aten.tanh.default",
+                        lambda ctx, x: bad(x) if backend_of(x) == "tape" else ops.tanh(x))
+    res = check(_WithActivation(_RightTanh), torch.randn(3, 4, generator=torch.Generator().manual_seed(0)))
+    assert res.origin is not None and res.origin.path == "act" and res.origin.blame == ["tape"], failing(res)
+    assert "autograd.Function" not in res.origin.message
+
+
 def test_a_wrong_tape_lowering_is_blamed_on_the_tape(monkeypatch):
     from gradcheck.backends.tape.tape import Primitive
 

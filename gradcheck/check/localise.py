@@ -169,6 +169,9 @@ class LayerCall:
     dropped: bool = False  # its arrays were let go after judging (``drop``)
     op: str = ""  # the framework op the call's own code starts with, where the frontend can name it
     source: str = ""  # where that op is in the user's source, where the frontend can name it
+    # The user's own backward code torch runs in this call's own code (a custom autograd.Function: "Name (file:line)"),
+    # where the frontend can name it: torch's gradient there is that code's, not its forward's derivative.
+    custom_backwards: list[str] = field(default_factory=list)
 
     @property
     def name(self) -> str:
@@ -635,6 +638,11 @@ def _vjp_origin(c: LayerCall, names) -> Origin:
         msg += "; every layer inside it agrees alone, so the code between them (its own __call__) is where it starts"
     if c.source:
         msg += f"; {c.source}"
+    if c.custom_backwards and "torch" in blame:
+        msg += (f"; torch's gradient here comes from the backward of the custom autograd.Function "
+                f"{', '.join(c.custom_backwards)} that this call applies, while the tape and jax differentiate its "
+                "forward: a backward that is not its forward's derivative (a wrong one, or a straight-through "
+                "estimator or gradient reversal by design) is found here")
     return Origin(path=c.path, layer=c.layer, kind="vjp", blame=blame, op=op, message=msg)
 
 

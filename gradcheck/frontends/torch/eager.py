@@ -13,7 +13,9 @@ dtype.
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import inspect
 from dataclasses import dataclass
 
 from gradcheck import ops
@@ -72,6 +74,40 @@ def call_torch(module, state: dict, args: tuple, kwargs: dict, training: bool, f
         for m, flag in zip(module.modules(), was):
             m.training = flag
     return out
+
+
+@contextlib.contextmanager
+def custom_backwards(on_apply):
+    """Report each custom ``torch.autograd.Function`` applied inside as ``on_apply(name)``.
+
+    Such a Function's backward is the user's code: torch takes its gradient
+    from it, while the graph holds only the forward, which the tape and jax
+    differentiate.  When torch's gradient is the one off, that is the first
+    place to look (``function_name`` says where it is).  Function.apply is
+    a Python classmethod with no hook, so it is wrapped for the duration.
+    """
+    import torch
+
+    original = torch.autograd.Function.__dict__["apply"]
+
+    def apply(cls, *args, **kwargs):
+        on_apply(function_name(cls))
+        return original.__get__(None, cls)(*args, **kwargs)
+
+    torch.autograd.Function.apply = classmethod(apply)
+    try:
+        yield
+    finally:
+        torch.autograd.Function.apply = original
+
+
+def function_name(cls) -> str:
+    """``Name (file:line)`` of a custom autograd.Function's backward, or its name alone where the source is unknown."""
+    try:
+        backward = inspect.unwrap(cls.backward)
+        return f"{cls.__qualname__} ({inspect.getsourcefile(backward)}:{inspect.getsourcelines(backward)[1]})"
+    except (TypeError, OSError, AttributeError):
+        return cls.__qualname__
 
 
 class TorchFunctions:

@@ -44,6 +44,7 @@ from gradcheck.frontends.torch.eager import (
     TorchFacts,
     backend_of_values,
     call_torch,
+    custom_backwards,
     float_dtype_of,
 )
 from gradcheck.frontends.torch.facts import CaseFacts
@@ -421,7 +422,8 @@ def _kind(module, path: str) -> str:
 
 
 def _torch_calls(program, root64, inputs64, training):
-    """Every submodule call of torch's own float64 forward at the case point: (path, n) -> (args, spec, outputs)."""
+    """Every submodule call of torch's own float64 forward at the case point: (path, n) -> (args, spec, outputs,
+    the custom autograd.Functions it applies in its own code, not its submodules')."""
     import torch
     from torch.utils import _pytree as pytree
 
@@ -430,6 +432,11 @@ def _torch_calls(program, root64, inputs64, training):
     counts: dict[str, int] = {}
     calls: dict[tuple[str, int], list] = {}
     pending: dict[int, list] = {}
+    active: list[list] = []  # the calls under way, innermost last
+
+    def applied(name):
+        if active and name not in active[-1][3]:
+            active[-1][3].append(name)
 
     def pre(module, args, kwargs):
         path = paths.get(id(module))
@@ -438,14 +445,17 @@ def _torch_calls(program, root64, inputs64, training):
         n = counts.get(path, 0)
         counts[path] = n + 1
         flat, spec = pytree.tree_flatten((args, kwargs))
-        record = [[_detached(x) for x in flat], spec, None]
+        record = [[_detached(x) for x in flat], spec, None, []]
         calls[(path, n)] = record
         pending.setdefault(id(module), []).append(record)
+        active.append(record)
 
     def post(module, args, kwargs, output):
         stack = pending.get(id(module))
         if stack:
-            stack.pop()[2] = [_detached(x) for x in pytree.tree_leaves(output)]
+            record = stack.pop()
+            record[2] = [_detached(x) for x in pytree.tree_leaves(output)]
+            active[:] = [r for r in active if r is not record]
 
     handles = []
     for m in user.modules():
@@ -457,7 +467,7 @@ def _torch_calls(program, root64, inputs64, training):
     tinputs = tuple(torch.from_numpy(np.array(x, copy=True)).to(program.device) for x in inputs64)
     graph = program.graph(training)
     try:
-        with torch.no_grad():
+        with torch.no_grad(), custom_backwards(applied):
             call_torch(program.wrapper, state, tinputs, {}, training,
                        TorchFacts(root64._dropout_seed, graph.draws.expected))
     finally:
@@ -523,7 +533,7 @@ def record(program, cr) -> tuple[list, list[str]]:
             notes.append(f"per-submodule replay: {unit.path or '(model)'} call {unit.call + 1} is in the graph but "
                          "torch's own forward made no such call; not replayed")
             continue
-        flat, spec, out_flat = seen
+        flat, spec, out_flat, functions = seen
         tensors = [i for i, x in enumerate(flat) if isinstance(x, torch.Tensor)]
         found = match(unit.inputs, values, [_numpy(flat[i]) for i in tensors])
         matched: list = []
@@ -563,7 +573,8 @@ def record(program, cr) -> tuple[list, list[str]]:
         object.__setattr__(snapshot, "_unit", call)
         rec = LayerCall(index=0, path=unit.path, layer=unit.cls, unit=kind, module=snapshot,
                         args=tuple(values[n.name] for n in matched), kwargs={},
-                        output=tuple(values[o.name] for o in unit.outputs), call=unit.call)
+                        output=tuple(values[o.name] for o in unit.outputs), call=unit.call,
+                        custom_backwards=list(functions))
         first = first_own_node(unit, graph)
         if first is not None:
             rec.op = capture.spelled(capture.op_name(first))
