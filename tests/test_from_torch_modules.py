@@ -40,6 +40,21 @@ class Fn(nn.Module):
         return self.f(*xs)
 
 
+class OverlappingChunks(nn.Module):
+    """Longformer's ``_chunk``: overlapping windows by ``as_strided`` with the strides of a transposed tensor,
+    which address its storage (row-major in the untransposed order), not its row-major values."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(3, 3)
+
+    def forward(self, x):  # (B, L, D)
+        h = self.lin(x).transpose(1, 2)  # (B, D, L), not stored row-major
+        s0, s1, s2 = h.stride()
+        n = h.size(2) // 2 - 1  # windows of 4 overlapping by 2
+        return h.as_strided((h.size(0), h.size(1), n, 4), (s0, s1, 2 * s2, s2)) * torch.arange(1.0, 5.0)
+
+
 class PaddedSelfAttention(nn.Module):
     """Self-attention over a batch whose second sequence has two padding positions."""
 
@@ -282,6 +297,19 @@ MODULES = [
     ("LSTM and GRU with dropout between layers, in training", lambda: RecurrentDropout(), lambda: (_x(2, 5, 3),)),
     ("a loss whose float target torch does not differentiate (SoftMarginLoss)", lambda: nn.SoftMarginLoss(),
      lambda: (_x(3, 5), torch.sign(_x(3, 5, seed=1)))),
+    # -- third-party models: what Longformer's attention needed
+    ("as_strided windows of a transposed tensor (Longformer's chunks)", lambda: OverlappingChunks(),
+     lambda: (_x(2, 8, 3),)),
+    ("a rounded division of sizes, an integer (Longformer's chunk count)",
+     lambda: Fn(lambda x: x * (torch.div(x.size(1), 2, rounding_mode="trunc") - 1)), lambda: (_x(2, 6),)),
+    ("the largest and smallest element (Nystromformer's scaling)",
+     lambda: Fn(lambda x: x / torch.max(x.abs()) + torch.min(x) * x), lambda: (_x(3, 4),)),
+    ("a scatter of one value (Mixtral's routing weights)",
+     lambda: Fn(lambda x: x * torch.zeros(3, 4).scatter(1, torch.tensor([[0], [2], [1]]), 2.0) + x),
+     lambda: (_x(3, 4),)),
+    ("overlapping windows by Tensor.unfold (PatchTST's patches)",
+     lambda: Fn(lambda x: x.unfold(1, 4, 2) * torch.arange(1.0, 5.0) + x.unfold(-1, 2, 3).sum()),
+     lambda: (_x(2, 9, 3),)),
 ]
 
 
@@ -342,6 +370,13 @@ def _mutated(op, **change):
         return original(*bound.args, **bound.kwargs)
 
     return wrong
+
+
+def _row_major_as_strided(ctx, self, size, stride, storage_offset=None):
+    """``as_strided`` of the value as if it were stored row-major (the lowering before Longformer)."""
+    index = np.asarray(storage_offset or 0) + sum(
+        np.arange(n).reshape((1,) * k + (n,) + (1,) * (len(size) - k - 1)) * s for k, (n, s) in enumerate(zip(size, stride)))
+    return ops.take(ops.reshape(self, (-1,)), index, axis=0)
 
 
 def _output_changed(op, k, change):
@@ -456,6 +491,16 @@ WRONG = [
      lambda: _mutated("aten.fmod.Scalar", other=lambda b: b * 1.01)),
     ("rounded division and remainders of values with gradients", "aten.remainder.Scalar",
      lambda: _mutated("aten.remainder.Scalar", other=lambda b: b * 1.01)),
+    # Before: the windows read the tensor's values row-major, as if it were stored so.
+    ("as_strided windows of a transposed tensor (Longformer's chunks)", "aten.as_strided.default",
+     lambda: _row_major_as_strided),
+    ("the largest and smallest element (Nystromformer's scaling)", "aten.max.default",
+     lambda: lambda ctx, x: ops.min(x, axis=None)),
+    ("overlapping windows by Tensor.unfold (PatchTST's patches)", "aten.unfold.default",
+     lambda: _mutated("aten.unfold.default", step=lambda k: k + 1)),
+    # Before: the quotient of two integers as a float.
+    ("a rounded division of sizes, an integer (Longformer's chunk count)", "aten.div.Tensor_mode",
+     lambda: lambda ctx, a, b, rounding_mode=None: np.trunc(np.true_divide(a, b))),
 ]
 ROWS = {name: (make, inputs) for name, make, inputs in MODULES}
 
@@ -495,6 +540,47 @@ def test_an_integer_result_keeps_torchs_dtype():
     assert _differ(torch.tensor([1, 2]), np.array([1, 2], np.int32)) == "dtype int32, torch's int64"
     assert _differ(torch.tensor([1, 2]), np.array([1.0, 2.0])) == "dtype float64, torch's int64"
     assert _differ(torch.tensor([True]), np.array([True])) is None
+
+
+def test_a_numpy_scalar_result_takes_the_nodes_dtype_and_integer_quotients_are_exact():
+    from types import SimpleNamespace
+
+    # numpy's arithmetic on 0-d values gives a scalar, and a float64 scalar is a Python float: it used to pass
+    # as a plain number, so an integer node's value stayed float (Longformer's chunk count).
+    ctx = SimpleNamespace(floats=np.float64)
+    out = aten._graph_dtypes(ctx, np.float64(3.0), torch.tensor(3))
+    assert isinstance(out, np.ndarray) and out.dtype == np.int64 and out == 3
+    # trunc division of integers in integers: through a float quotient, 2**53 + 1 would round.
+    big = 2**53 + 1
+    assert aten._quotient(np.int64(big), 1, "trunc") == big
+    assert [int(aten._quotient(a, 2, "trunc")) for a in (7, -7)] == [3, -3]
+    assert [int(aten._quotient(a, 2, "floor")) for a in (7, -7)] == [3, -4]
+
+
+@pytest.mark.parametrize("view, size, stride, offset", [
+    (lambda b: b.transpose(1, 2), (2, 4, 2, 2), (12, 1, 4, 4), None),  # Longformer's overlapping chunks
+    (lambda b: b.transpose(0, 2), (4, 3), (1, 4), 0),
+    (lambda b: b, (3, 4), (4, 1), 5),
+    (lambda b: b[:, 1:], (2, 2, 4), (12, 4, 1), 4),  # a slice: its storage has gaps the view does not read
+    (lambda b: b[:, 1:], (2, 2, 4), (12, 4, 1), None),  # ... and its own offset when none is given
+])
+def test_as_strided_reads_the_storage_torch_laid_out(view, size, stride, offset):
+    from types import SimpleNamespace
+
+    t = view(torch.arange(24.0).reshape(2, 3, 4))
+    want = t.as_strided(size, stride) if offset is None else t.as_strided(size, stride, offset)
+    ctx = SimpleNamespace(node=SimpleNamespace(args=[SimpleNamespace(meta={"val": t})]), floats=np.float64)
+    got = aten.LOWERINGS["aten.as_strided.default"].__wrapped__(ctx, t.contiguous().numpy(), size, stride, offset)
+    np.testing.assert_array_equal(got, want.numpy())
+
+
+def test_as_strided_refuses_storage_outside_the_tensor():
+    from types import SimpleNamespace
+
+    t = torch.arange(24.0).reshape(2, 3, 4)[:, 1:]  # storage positions 0-3 and 12-15 are not its elements
+    ctx = SimpleNamespace(node=SimpleNamespace(args=[SimpleNamespace(meta={"val": t})]), floats=np.float64)
+    with pytest.raises(aten.LoweringError, match="reads storage that is not the tensor's own elements"):
+        aten.LOWERINGS["aten.as_strided.default"].__wrapped__(ctx, t.contiguous().numpy(), (4,), (1,), 0)
 
 
 def _float_cumsum(ctx, self, dim, dtype=None):
@@ -609,7 +695,7 @@ def test_an_unsupported_form_is_named_and_a_raising_lowering_is_a_bug(monkeypatc
         assert why.endswith("this is a bug in gradcheck/frontends/torch/aten.py")
 
 
-def test_nonzero_is_lowered_for_known_values_and_refused_for_traced_ones():
+def test_nonzero_is_lowered_for_known_values_and_counts_and_refused_for_traced_ones():
     from gradcheck.frontends.torch.interpreter import Context
 
     mask = np.array([[True, False, True], [False, False, True]])
@@ -619,6 +705,13 @@ def test_nonzero_is_lowered_for_known_values_and_refused_for_traced_ones():
 
     with pytest.raises(aten.LoweringError, match="aten.nonzero with an input traced by jax is not lowered"):
         jax.jit(lambda m: lowering(Context(np.float64, None), m))(mask)
+    # A graph traced at the example inputs recorded the number of positions (a real value, not a symbol): jax
+    # takes that many, as the example has.
+    from types import SimpleNamespace
+
+    ctx = Context(np.float64, None)
+    ctx.node = SimpleNamespace(meta={"val": torch.nonzero(torch.from_numpy(mask))})
+    np.testing.assert_array_equal(jax.jit(lambda m: lowering(ctx, m))(mask), torch.nonzero(torch.from_numpy(mask)))
 
 
 def test_the_einsum_rule_takes_what_torch_takes():
@@ -658,7 +751,7 @@ def test_a_float_target_torch_does_not_differentiate_is_held_on_every_backend(mo
     assert leaves["input.0"].verdict == "agree"  # the input is checked
     assert leaves["input.1"].verdict == "vacuous"  # the target: held, no gradient on any backend
     # The note names the held input and why, and does not count it among the forward's own detaches.
-    assert any(note.startswith("input 1 is soft_margin_loss's target, which torch declares not differentiable")
+    assert any(note.startswith("input 1 is soft_margin_loss's target, which torch declares not differentiable:")
                for note in r.notes), r.notes
     assert not any("the forward detaches" in note for note in r.notes), r.notes
     # A weight of binary_cross_entropy given as an input is held the same way; the input is still checked.

@@ -90,6 +90,8 @@ def _graph_dtypes(ctx, out, val):
             return out
         return type(out)(_graph_dtypes(ctx, v, t) for v, t in zip(out, val))
     want = _graph_dtype(ctx, val)
+    if isinstance(out, np.generic):  # numpy's arithmetic on 0-d values gives a scalar (a float64 is a float)
+        out = np.asarray(out)
     if want is None or out is None or isinstance(out, (Unavailable, bool, int, float)):
         return out
     return out if np.dtype(o.dtype_of(out)) == want else o.astype(out, want)
@@ -203,7 +205,11 @@ def _quotient(self, other, rounding_mode: str):
     """
     xp = _logic(self, other)
     a, b = _raw(self), _raw(other)
-    return xp.floor_divide(a, b) if rounding_mode == "floor" else xp.trunc(xp.true_divide(a, b))
+    if rounding_mode == "floor":
+        return xp.floor_divide(a, b)
+    if xp.result_type(a, b).kind in "iu":  # exactly, in integers: a float quotient rounds a large one
+        return xp.sign(a) * xp.sign(b) * xp.floor_divide(xp.abs(a), xp.abs(b))
+    return xp.trunc(xp.true_divide(a, b))
 
 
 @lower("aten.div.Tensor_mode", "aten.div.Scalar_mode")
@@ -560,6 +566,20 @@ def transpose(ctx, self, dim0, dim1):
     return o.transpose(self, tuple(axes))
 
 
+@lower("aten.unfold.default")
+def unfold(ctx, self, dimension, size, step):
+    """``Tensor.unfold``: windows of ``size`` every ``step`` along ``dimension``, as a new last dimension
+    (PatchTST's patches).  A gather, so overlapping windows add up their gradients, as torch's backward does."""
+    shape = o.shape_of(self)
+    if not shape:
+        _unsupported("aten.unfold", "a 0-d tensor")
+    nd, d = len(shape), dimension % len(shape)
+    n = (shape[d] - size) // step + 1
+    index = np.arange(n)[:, None] * step + np.arange(size)[None, :]
+    windows = o.take(self, index, axis=d)  # shape[:d] + (n, size) + shape[d + 1:]
+    return o.transpose(windows, tuple(range(d + 1)) + tuple(range(d + 2, nd + 1)) + (d + 1,))
+
+
 @lower("aten.t.default")
 def t(ctx, self):
     return self if len(o.shape_of(self)) < 2 else o.transpose(self, (1, 0))
@@ -685,18 +705,57 @@ def index_select(ctx, self, dim, index):
 
 @lower("aten.as_strided.default", "aten.as_strided_copy.default")
 def as_strided(ctx, self, size, stride, storage_offset=None):
-    """Element ``i`` of the view is ``self``'s element ``offset + sum_k i_k stride_k`` in row-major order.
+    """Element ``i`` of the view is the element at storage position ``offset + sum_k i_k stride_k``.
 
-    That is ``as_strided`` of a contiguous tensor, which is what a graph's
-    value is; the lowering check holds it to torch's result on the tensor
-    torch actually had.  A gather, so overlapping windows add up their
-    gradients, as torch's backward does.
+    The positions are in ``self``'s storage as torch laid it out when the
+    graph was traced (``_layout``: a transposed tensor is not stored
+    row-major, and Longformer's chunking views one so); a graph's value is
+    the logical array, read back in that order.  A gather, so overlapping
+    windows add up their gradients, as torch's backward does.
     """
-    nd = len(size)
-    index = np.full(tuple(size), int(storage_offset or 0), dtype=np.int64)
-    for k, (n, s) in enumerate(zip(size, stride)):
-        index = index + np.arange(n).reshape((1,) * k + (n,) + (1,) * (nd - k - 1)) * int(s)
+    shape = o.shape_of(self)
+    layout = _layout(ctx, shape)
+    if storage_offset is None:  # torch takes self's own
+        storage_offset = layout[1] if layout is not None else 0
+    index = _positions(size, stride, storage_offset)
+    if layout is not None and not (layout[1] == 0 and all(
+            s == r for n, s, r in zip(shape, layout[0], _row_major(shape)) if n > 1)):
+        stored = _positions(shape, *layout).reshape(-1)
+        element = np.full(int(stored.max(initial=-1)) + 1, -1, dtype=np.int64)  # storage position -> element
+        element[stored] = np.arange(stored.size)
+        if index.size and (int(index.max()) >= element.size or (element[index] < 0).any()):
+            raise LoweringError("aten.as_strided reads storage that is not the tensor's own elements "
+                                "(a view of part of a larger tensor)")
+        index = element[index]
     return o.take(o.reshape(self, (-1,)), index, axis=0)
+
+
+def _layout(ctx, shape) -> tuple | None:
+    """``(strides, storage offset)`` torch gave the first argument of ``ctx``'s node when it was traced, or
+    None where the graph does not record them."""
+    node = getattr(ctx, "node", None)
+    arg = node.args[0] if node is not None and node.args else None
+    val = getattr(arg, "meta", {}).get("val") if arg is not None else None
+    if val is None or not hasattr(val, "stride") or tuple(val.shape) != tuple(shape):
+        return None
+    return tuple(int(s) for s in val.stride()), int(val.storage_offset())
+
+
+def _positions(shape, strides, offset) -> np.ndarray:
+    """The storage position of each element of a strided view, in row-major order of the view."""
+    nd = len(shape)
+    out = np.full(tuple(shape), int(offset), dtype=np.int64)
+    for k, (n, s) in enumerate(zip(shape, strides)):
+        out = out + np.arange(n).reshape((1,) * k + (n,) + (1,) * (nd - k - 1)) * int(s)
+    return out
+
+
+def _row_major(shape) -> tuple:
+    strides, step = [], 1
+    for n in reversed(tuple(shape)):
+        strides.append(step)
+        step *= max(int(n), 1)
+    return tuple(reversed(strides))
 
 
 @lower("aten.gather.default")
@@ -823,6 +882,8 @@ def scatter_add(ctx, self, dim, index, src):
 @lower("aten.scatter.src", "aten.scatter.value")
 def scatter(ctx, self, dim, index, src=None, value=None):
     """``self`` with ``src[p]`` (or ``value``) written at ``p`` with its ``dim`` coordinate replaced by ``index[p]``."""
+    if ctx.op.endswith(".value") and value is None:  # scatter.value's fourth argument given by position
+        src, value = None, src
     ishape = o.shape_of(index)
     dim %= builtins.max(len(o.shape_of(self)), 1)
     values = value if src is None else o.getitem(src, tuple(slice(0, i) for i in ishape))
@@ -970,6 +1031,17 @@ def amax(ctx, self, dim=(), keepdim=False):
 @lower("aten.amin.default")
 def amin(ctx, self, dim=(), keepdim=False):
     return o.min(self, axis=_dims(self, dim), keepdims=keepdim)
+
+
+@lower("aten.max.default")
+def max_all(ctx, self):
+    """The largest element (Nystromformer's scaling): torch shares the gradient among ties, as amax does."""
+    return o.max(self, axis=None)
+
+
+@lower("aten.min.default")
+def min_all(ctx, self):
+    return o.min(self, axis=None)
 
 
 @lower("aten.max.dim")
@@ -1797,10 +1869,18 @@ def nonzero(ctx, self):
     from gradcheck.ops import rules as common
 
     values = common.concrete(_raw(self))
-    if values is None:
+    if values is not None:
+        return np.argwhere(values).astype(np.int64)
+    # Traced by jax: its output's shape is the number of positions.  A graph traced at the example inputs
+    # recorded that number (the example's; Mixtral's experts hit), and is the graph of that point only.
+    val = ctx.node.meta.get("val") if getattr(ctx, "node", None) is not None else None
+    count = getattr(val, "shape", (None,))[0]
+    if not isinstance(count, int):
         _unsupported("aten.nonzero", "an input traced by jax", "the number of positions, its output's shape, "
                      "is not known while it traces")
-    return np.argwhere(values).astype(np.int64)
+    import jax.numpy as jnp
+
+    return jnp.argwhere(_raw(self), size=count).astype(jnp.int64)
 
 
 @lower("aten.scaled_dot_product_attention.default")
