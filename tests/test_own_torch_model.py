@@ -436,3 +436,185 @@ def test_what_torch_export_refuses_is_traced_at_the_example_and_checked_on_every
     assert "traced at the example inputs instead" in note
     assert ("batchnorm.py" if name.startswith("batch") else "functional.py") in note  # torch's line that branches
     assert_agree(run_case(case))
+
+
+class _Attention(nn.Module):
+    def __init__(self, width):
+        super().__init__()
+        self.qkv, self.out = nn.Linear(width, 3 * width), nn.Linear(width, width)
+
+    def forward(self, h):
+        q, k, v = self.qkv(h).chunk(3, dim=-1)
+        a = nn.functional.scaled_dot_product_attention(q, k, v, dropout_p=0.2 if self.training else 0.0)
+        return h + torch.tanh(self.out(a))
+
+
+class SpeechLike(nn.Module):
+    """What wav2vec2 does in training, in small: the four things its capture needed.
+
+    Its feature encoder sets ``requires_grad`` on a view of the input; its time
+    mask is drawn with numpy's global generator; each layer is dropped when
+    ``torch.rand([])`` falls below ``layerdrop``, a branch on a random value
+    that torch.export refuses (the graph is traced at the example); and its
+    attention drops out inside ``scaled_dot_product_attention``, which the
+    trace decomposes into in-place draws.
+    """
+
+    def __init__(self, layerdrop=0.4, width=8):
+        super().__init__()
+        torch.manual_seed(0)
+        self.proj = nn.Linear(4, width)
+        self.layers = nn.ModuleList([_Attention(width) for _ in range(4)])
+        self.mask_embed = nn.Parameter(torch.rand(width))
+        self.layerdrop = layerdrop
+
+    def forward(self, x):
+        h = x[:, None]
+        if self.training:
+            h.requires_grad = True
+        h = self.proj(h[:, 0])
+        if self.training:
+            masked = torch.from_numpy(np.random.rand(*h.shape[:2]) < 0.3)
+            h = torch.where(masked[..., None], self.mask_embed, h)
+        for layer in self.layers:
+            if self.training and torch.rand([]) < self.layerdrop:
+                continue
+            h = layer(h)
+        return h
+
+
+def _speech_case(seed, model=None):
+    x = torch.randn(2, 6, 4, generator=torch.Generator().manual_seed(seed))
+    return from_torch(model or SpeechLike().train(), x, seed=seed)
+
+
+def test_a_speech_model_in_training_is_checked_on_every_backend_at_every_seed():
+    layers = []
+    for seed in (0, 1, 2):
+        case = _speech_case(seed)
+        notes = "\n".join(case.notes)
+        assert "traced at the example inputs instead" in notes
+        assert "input 0 is one the module sets requires_grad on itself" in notes
+        assert "numpy's or Python's global random generator" in notes
+        assert "decides a branch of the graph traced at the example inputs" in notes
+        res = run_case(case, RunOptions(backends=ALL))
+        assert_agree(res)
+        assert res.float32 == "ok", failing(res)
+        # The layers LayerDrop keeps have gradients; the dropped ones have none, on every backend.
+        kept = {leaf.path.split(".")[1] for leaf in res.leaves
+                if leaf.path.startswith("layers.") and leaf.verdict == "agree"}
+        dropped = {leaf.path.split(".")[1] for leaf in res.leaves
+                   if leaf.path.startswith("layers.") and leaf.verdict == "vacuous"}
+        assert kept and dropped and not kept & dropped, failing(res)
+        layers.append((kept, dropped))
+    assert layers[0] == layers[1] == layers[2]  # the coins are the capture's, whatever the case seed
+
+
+def test_without_the_captures_coins_torch_takes_other_branches_on_some_seed(monkeypatch):
+    from gradcheck.frontends.torch import randomness
+
+    monkeypatch.setattr(randomness, "_deciding", lambda nodes: set())  # every draw from the case seed
+    outcomes = []
+    for seed in (0, 1, 2):
+        res = run_case(_speech_case(seed), RunOptions(backends=ALL))
+        outcomes.append(bool(res.errors) or res.verdict != "agree")
+    assert any(outcomes)
+
+
+def test_without_fixing_numpys_generator_torch_is_nondeterministic(monkeypatch):
+    import contextlib
+
+    from gradcheck.frontends.torch import randomness
+
+    monkeypatch.setattr(randomness, "host_generators", lambda on_draw=None: contextlib.nullcontext())
+    res = run_case(_speech_case(0), RunOptions(backends=ALL))
+    assert res.verdict != "agree" and any(leaf.verdict == "nondeterministic" and leaf.blame == ["torch"]
+                                          for leaf in res.leaves), failing(res)
+
+
+class _WrongAttention(_Attention):
+    """A gradient hook that scales what flows back (torch's gradient only: a graph holds no hooks).  Not an
+    autograd.Function: a graph traced at the example is functionalised by torch.func, which takes none."""
+
+    def forward(self, h):
+        q, k, v = self.qkv(h).chunk(3, dim=-1)
+        a = nn.functional.scaled_dot_product_attention(q, k, v, dropout_p=0.2 if self.training else 0.0)
+        out = self.out(a)
+        if out.requires_grad:
+            out.register_hook(lambda g: g * 1.01)
+        return h + torch.tanh(out)
+
+
+def _speech_with_wrong_torch():
+    model = SpeechLike()
+    model.layers = nn.ModuleList([_WrongAttention(8) for _ in range(4)])
+    torch.manual_seed(0)
+    model.layers.load_state_dict(SpeechLike().layers.state_dict())
+    return model.train()
+
+
+@pytest.mark.parametrize("backend", ["torch", "tape", "jax"])
+def test_a_wrong_gradient_in_the_speech_model_is_blamed_on_its_backend(backend, monkeypatch):
+    if backend == "torch":
+        model = _speech_with_wrong_torch()
+    else:
+        model = None
+        if backend == "tape":
+            _wrong_tape(monkeypatch)
+        else:
+            _wrong_jax(monkeypatch)
+    res = run_case(_speech_case(0, model), RunOptions(backends=ALL))
+    assert not res.errors and not res.unavailable, failing(res)
+    off = [leaf for leaf in res.leaves if leaf.verdict == "disagree"]
+    assert off and all(leaf.blame == [backend] for leaf in off), failing(res)
+
+
+class TinyMoE(nn.Module):
+    """Mixtral's sparse experts as transformers writes them (its eager path): routing by top-k, a loop over the
+    experts hit (``nonzero``, a branch torch.export refuses), ``torch.where`` for each one's tokens, and
+    ``index_add_`` of their weighted outputs."""
+
+    def __init__(self, width=6, experts=4, top_k=2):
+        super().__init__()
+        torch.manual_seed(0)
+        self.router = nn.Linear(width, experts, bias=False)
+        self.experts = nn.ModuleList([nn.Sequential(nn.Linear(width, 8), nn.SiLU(), nn.Linear(8, width))
+                                      for _ in range(experts)])
+        self.top_k, self.n = top_k, experts
+
+    def forward(self, x):
+        weights, chosen = torch.topk(torch.softmax(self.router(x), -1), self.top_k, dim=-1)
+        weights = weights / weights.sum(-1, keepdim=True)
+        out = torch.zeros_like(x)
+        mask = nn.functional.one_hot(chosen, self.n).permute(2, 1, 0)
+        for e in (mask.sum(dim=(-1, -2)) > 0).nonzero():
+            slot, token = torch.where(mask[e[0]])
+            out.index_add_(0, token, self.experts[e[0]](x[token]) * weights[token, slot, None])
+        return out
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_sparse_experts_are_checked_on_every_backend(seed):
+    x = torch.randn(7, 6, generator=torch.Generator().manual_seed(seed))
+    case = from_torch(TinyMoE(), x, seed=seed)
+    assert any("traced at the example inputs instead" in note for note in case.notes)
+    res = run_case(case, RunOptions(backends=ALL))
+    assert_agree(res)
+    assert res.float32 == "ok", failing(res)
+
+
+def test_a_wrong_expert_gradient_on_jax_is_blamed_on_jax(monkeypatch):
+    import jax
+
+    from gradcheck.backends.jax import ops as jax_ops
+
+    @jax.custom_vjp
+    def silu(x):
+        return jax.nn.silu(x)
+
+    silu.defvjp(lambda x: (jax.nn.silu(x), x), lambda x, g: (g * jax.grad(lambda v: jax.nn.silu(v).sum())(x) * 1.01,))
+    monkeypatch.setattr(jax_ops, "silu", silu)
+    res = run_case(from_torch(TinyMoE(), torch.randn(7, 6, generator=torch.Generator().manual_seed(0))),
+                   RunOptions(backends=ALL))
+    off = [leaf for leaf in res.leaves if leaf.verdict == "disagree"]
+    assert off and all(leaf.blame == ["jax"] for leaf in off), failing(res)

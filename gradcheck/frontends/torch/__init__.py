@@ -106,13 +106,17 @@ def from_torch(module, *example_inputs, name: str | None = None, mode: str = "tr
     outputs = program.output_names(mode == "train")
     if len(outputs) > 1:
         notes.append("outputs: " + ", ".join(f"output.{k} = {n}" for k, n in enumerate(outputs)))
-    from gradcheck.frontends.torch import facts
+    from gradcheck.frontends.torch import facts, randomness
 
     if graph.refused:
         notes.append(graph.refused)
     for path, kind in program.wrapper.dropped.items():
         notes.append(f"output {path} ({kind}) is not a tensor: the module's state, not compared")
     notes += facts.describe(graph, program.wrapper.held)
+    if program.wrapper.__dict__.get("draws_on_host"):
+        notes.append("the module draws from numpy's or Python's global random generator, which torch does not see: "
+                     f"every forward of it starts that generator at one state (seed {randomness.HOST_SEED}), so the "
+                     "graph's constants are the values torch's own forward draws, and the caller's state is restored")
     for why in graph.problems.values():
         notes.append(f"tape and jax cannot run this graph: {why}")
     return Case(name=label, build=build, inputs=inputs, dtype=case_dtype, mode=mode, seed=seed,

@@ -75,7 +75,8 @@ class _Forward(nn.Module):
 
     def forward(self, *inputs):
         inputs = tuple(x.detach() if i in self.held else x for i, x in enumerate(inputs))
-        out = self.module(*inputs) if self._forward is None else self._forward(self.module, *inputs)
+        with randomness.host_generators(on_draw=lambda: self.__dict__.__setitem__("draws_on_host", True)):
+            out = self.module(*inputs) if self._forward is None else self._forward(self.module, *inputs)
         return _without_objects(out, self.dropped)
 
     @property
@@ -157,6 +158,7 @@ class Graph:
 
 
 _NOT_DIFFERENTIABLE = re.compile(r"function '(\w+)' is not differentiable with respect to argument '(\w+)'")
+_SETS_REQUIRES_GRAD = "you can only change requires_grad flags of leaf variables"
 
 
 def hold_undifferentiable(wrapper: _Forward, example_inputs: tuple, training: bool) -> None:
@@ -196,7 +198,13 @@ def hold_undifferentiable(wrapper: _Forward, example_inputs: tuple, training: bo
                 torch.func.functional_call(wrapper, state, xs, strict=False)
         except RuntimeError as exc:
             found = _NOT_DIFFERENTIABLE.search(str(exc))
-            return f"{found.group(1)}'s {found.group(2)}" if found else ""
+            if found:
+                return f"{found.group(1)}'s {found.group(2)}, which torch declares not differentiable"
+            if _SETS_REQUIRES_GRAD in str(exc):
+                return ("one the module sets requires_grad on itself (on a tensor computed from it, which torch "
+                        "allows only where the input does not require a gradient: the module is not differentiable "
+                        f"by it on torch; {branch_line(exc) or 'line unknown'})")
+            return ""
         except Exception:  # noqa: BLE001 - any other failure is the capture's to report, with its own message
             return ""
         finally:
@@ -440,8 +448,13 @@ def trace_at_example(wrapper: _Forward, example_inputs: tuple, table) -> _Traced
         return leaves + [state[n] for n, _ in buffers]
 
     values = ([p.detach() for _, p in params], [b.detach().clone() for _, b in buffers])
-    module = make_fx(torch.func.functionalize(f), decomposition_table=table, tracing_mode="real",
-                     record_stack_traces=True, _error_on_data_dependent_ops=False)(*values, *example_inputs)
+    # The forward's draws are the capture's (randomness.BRANCH_SEED): a branch on one (LayerDrop) is taken as
+    # every backend's pinned draw will take it (randomness.Draws.pinned); both traces draw the same values.
+    with randomness.CaseRandom(randomness.BRANCH_SEED, None):
+        module = make_fx(torch.func.functionalize(f), decomposition_table=table, tracing_mode="real",
+                         record_stack_traces=True, _error_on_data_dependent_ops=False)(*values, *example_inputs)
+    with randomness.CaseRandom(randomness.BRANCH_SEED, None):
+        module = _functional(module, values, example_inputs)
     constants = _lift_constants(module)
     placeholders = [n for n in module.graph.nodes if n.op == "placeholder" and n.name not in constants]
     kinds = ([(InputKind.PARAMETER, n, None) for n, _ in params] + [(InputKind.BUFFER, n, True) for n, _ in buffers]
@@ -462,6 +475,27 @@ def trace_at_example(wrapper: _Forward, example_inputs: tuple, table) -> _Traced
     traced = _Traced(module, input_specs, output_specs)
     traced.constants.update(constants)
     return traced
+
+
+def _functional(module, values: tuple, example_inputs: tuple):
+    """``module`` traced once more through functionalization alone, each node keeping its source.
+
+    The decompositions of the first trace run below functionalization: one
+    that writes in place (the attention kernel's dropout, ``empty().bernoulli_(p).div_(p)``,
+    which torch.export keeps whole) reaches the graph as written, and the tape
+    and jax lower only functional ops.  The second trace, with no
+    decompositions, makes those ops functional (``bernoulli.p``, ``div.Scalar``)
+    and leaves the others as they are.
+    """
+    import torch.fx.traceback as fx_traceback
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    def replay(*args):
+        with fx_traceback.preserve_node_meta():
+            return torch.fx.Interpreter(module).run(*args)
+
+    return make_fx(torch.func.functionalize(replay), tracing_mode="real", record_stack_traces=True,
+                   _error_on_data_dependent_ops=False)(*values, *example_inputs)
 
 
 def _lift_constants(module) -> dict:

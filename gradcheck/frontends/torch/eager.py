@@ -32,6 +32,7 @@ class TorchFacts:
     draws: list  # (op, kind, shape) of each draw it makes, in order
     draw_indices: list | None = None  # their numbers in the whole graph (None: 0, 1, 2 ...)
     recorded: dict | None = None  # when given: "random_values" handed out, in order
+    pinned: frozenset = frozenset()  # the graph's numbers of the draws a traced branch depends on (Draws.pinned)
 
 
 def call_torch(module, state: dict, args: tuple, kwargs: dict, training: bool, facts: TorchFacts):
@@ -66,7 +67,8 @@ def call_torch(module, state: dict, args: tuple, kwargs: dict, training: bool, f
         if run_dtype is not None:
             torch.set_default_dtype(run_dtype)
         with TorchFunctions(run_dtype), \
-                randomness.CaseRandom(facts.seed, facts.draws, facts.draw_indices, facts.recorded) as draws:
+                randomness.CaseRandom(facts.seed, facts.draws, facts.draw_indices, facts.recorded,
+                                      facts.pinned) as draws:
             out = torch.func.functional_call(module, state, args, kwargs, tie_weights=True, strict=False)
         draws.finish()
     finally:

@@ -31,7 +31,8 @@ class CaseFacts:
         self.graph = graph
 
     def draw(self, node_name, kind, shape) -> np.ndarray:
-        return randomness.draw(self.seed, self.graph.draws.index[node_name], kind, shape)
+        draws = self.graph.draws
+        return randomness.case_draw(self.seed, draws.index[node_name], kind, shape, draws.pinned)
 
 
 # Ops a value passes through unchanged on its way from a parameter to the op that uses it.
@@ -72,12 +73,12 @@ def _held_input(graph, node, held: dict) -> int | None:
 def describe(graph, held: dict | None = None) -> list[str]:
     """One note per fact the case holds: conventions by leaf, then the random draws and detached values.
 
-    ``held``: the inputs torch declares not differentiable, by index, and why
+    ``held``: the inputs torch cannot differentiate the module by, by index, and why
     (``capture.hold_undifferentiable``); each is named, not counted among the
     detached values."""
     held = held or {}
-    notes = [f"input {i} is {why}, which torch declares not differentiable: it is held as the case's constant on "
-             "every backend (no gradient), and the referee holds it fixed" for i, why in sorted(held.items())]
+    notes = [f"input {i} is {why}: it is held as the case's constant on every backend (no gradient), and the "
+             "referee holds it fixed" for i, why in sorted(held.items())]
     for node in graph.nodes:
         if node.op != "call_function":
             continue
@@ -113,4 +114,9 @@ def describe(graph, held: dict | None = None) -> list[str]:
         listed = ", ".join(f"{op} x{n}" if n > 1 else op for op, n in kinds.items())
         notes.append(f"{len(graph.draws)} random draw{'s' if len(graph.draws) > 1 else ''} ({listed}) come from "
                      "the case seed: every backend, torch's own run included, gets the same values")
+        if graph.draws.pinned:
+            which = ", ".join(f"#{k + 1} ({graph.draws.expected[k][0].split('.')[1]})" for k in sorted(graph.draws.pinned))
+            notes.append(f"random draw {which} decides a branch of the graph traced at the example inputs (LayerDrop's "
+                         "coin): the graph is the path the capture's draw took, so that draw is the capture's on every "
+                         "backend and for every seed, not the case seed's")
     return list(dict.fromkeys(notes))  # a table used twice (tied embeddings) is one fact

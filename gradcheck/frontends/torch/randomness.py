@@ -47,6 +47,7 @@ so a pinned float32 run meets the same comparison on every backend.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import sys
 
@@ -56,6 +57,48 @@ from gradcheck import ops as o
 from gradcheck.backends import backend_of
 
 _TAG = 0x52414E44  # "RAND": separates these streams from the dropout masks' (seed, k)
+
+
+# The state numpy's and Python's global generators start every forward of a module at (``host_generators``).
+HOST_SEED = 0
+# The seed of the draws a graph traced at the example branches on (``Draws.pinned``): the capture's draws.
+BRANCH_SEED = 0x42524E43
+
+
+@contextlib.contextmanager
+def host_generators(on_draw=None):
+    """numpy's and Python's global generators at one fixed state for a forward; the caller's restored after.
+
+    A module that draws on the host (wav2vec2's SpecAugment masks come from
+    ``np.random``) is not seen by torch's dispatch: the graph keeps, as
+    constants, what the capture's forward drew, and torch's own forward
+    would draw anew on every call (reported nondeterministic, torch blamed).
+    Started at one state, every forward of the module draws the capture's
+    values.  The state is fixed, not the case seed's, because one graph
+    serves every seed (the capture cache).  ``on_draw()`` is called when the
+    forward drew from either generator.
+    """
+    import random
+
+    np_state, py_state = np.random.get_state(), random.getstate()
+    np.random.seed(HOST_SEED)
+    random.seed(HOST_SEED)
+    start = (np.random.get_state(), random.getstate())
+    try:
+        yield
+    finally:
+        now = np.random.get_state()
+        drew = (not np.array_equal(now[1], start[0][1]) or now[2:] != start[0][2:]
+                or random.getstate() != start[1])
+        np.random.set_state(np_state)
+        random.setstate(py_state)
+        if drew and on_draw is not None:
+            on_draw()
+
+
+def case_draw(seed: int, k: int, kind: str, shape, pinned=frozenset()) -> np.ndarray:
+    """Draw ``k`` of a case with seed ``seed``; a pinned draw (``Draws.pinned``) is the capture's."""
+    return draw(BRANCH_SEED if k in pinned else seed, k, kind, shape)
 
 
 def draw(seed: int, k: int, kind: str, shape) -> np.ndarray:
@@ -312,7 +355,9 @@ def spec(name: str, bound: dict) -> tuple[str, tuple[int, ...]]:
 def value(name: str, bound: dict, base: np.ndarray):
     """The op's value from its base draw: numpy (float64 or int64) when it depends on scalars alone, else a
     value on the backend of its tensor arguments."""
-    return OPS[name].value(bound, base, None)
+    out = OPS[name].value(bound, base, None)
+    # numpy's arithmetic on a 0-d draw (``torch.rand([])``, LayerDrop's coin) gives a scalar, not an array.
+    return np.asarray(out) if isinstance(out, np.generic) else out
 
 
 # ---------------------------------------------------------------- the graph's side
@@ -344,15 +389,38 @@ def register(lowerings: dict) -> None:
 
 # ---------------------------------------------------------------- torch's side
 class Draws:
-    """The random nodes of a graph, in order: each node's draw number, and the kind and shape of its draw."""
+    """The random nodes of a graph, in order: each node's draw number, and the kind and shape of its draw.
+
+    ``pinned``: the numbers of the draws whose value decides a branch of a
+    graph traced at the example inputs (LayerDrop's ``torch.rand([]) < p``
+    read by ``if``): the graph is the path the capture's value took, so that
+    value is the draw on every backend, from ``BRANCH_SEED`` (the capture's
+    own draws, ``capture.trace_at_example``), not from the case seed.
+    """
 
     def __init__(self, nodes: list):
-        nodes = [n for n in nodes if n.op == "call_function" and draws_in(n)]
-        self.index = {n.name: k for k, n in enumerate(nodes)}
-        self.expected = [node_spec(n) for n in nodes]
+        random_nodes = [n for n in nodes if n.op == "call_function" and draws_in(n)]
+        self.index = {n.name: k for k, n in enumerate(random_nodes)}
+        self.expected = [node_spec(n) for n in random_nodes]
+        decided = _deciding(nodes)
+        self.pinned = frozenset(k for k, n in enumerate(random_nodes) if n.name in decided)
 
     def __len__(self):
         return len(self.expected)
+
+
+# The values a scalar is read from a tensor with: in a graph traced at the example, a branch's decision.
+_READS = frozenset({"aten._local_scalar_dense.default", "aten.item.default"})
+
+
+def _deciding(nodes: list) -> set[str]:
+    """The names of the nodes whose value reaches a scalar read (``_READS``): what a traced branch depends on."""
+    deciding: set[str] = set()
+    for node in reversed(nodes):
+        if node.op == "call_function" and (str(node.target) in _READS
+                                           or any(u.name in deciding for u in node.users)):
+            deciding.add(node.name)
+    return deciding
 
 
 def node_spec(node) -> tuple[str, str, tuple[int, ...]]:
@@ -436,7 +504,8 @@ class CaseRandom:
     graph is an error that says so, not a silent misalignment.
     """
 
-    def __init__(self, seed: int, expected: list, indices: list[int] | None = None, recorded: dict | None = None):
+    def __init__(self, seed: int, expected: list | None, indices: list[int] | None = None,
+                 recorded: dict | None = None, pinned=frozenset()):
         from torch.utils._python_dispatch import TorchDispatchMode
 
         outer = self
@@ -464,8 +533,10 @@ class CaseRandom:
 
         self._mode = _Mode()
         self.seed = seed
-        self.expected = list(expected)
-        self.indices = list(indices) if indices is not None else list(range(len(self.expected)))
+        # None: a capture's forward, whose draws make the graph (numbered in call order, nothing to check)
+        self.expected = list(expected) if expected is not None else None
+        self.indices = list(indices) if indices is not None else None
+        self.pinned = pinned
         self.recorded = recorded  # a reproducer keeps the values it hands out ("random_values")
         self.k = 0
 
@@ -485,28 +556,49 @@ class CaseRandom:
             kind, shape = "uniform", tuple(int(d) for d in args[0].shape)
         else:
             kind, shape = spec(name, bind(func._schema, args, kwargs))
-        if k >= len(self.expected):
+        if self.expected is not None and k >= len(self.expected):
             raise RuntimeError(f"the module made random draw #{k + 1} ({name}, shape {shape}) but its exported "
                                f"graph has {len(self.expected)}; the forward differs between calls (capture it "
                                "again)")
         # The draw's kind and shape are what align the two sides: the graph may hold another op for the same
         # draw (bernoulli(p) decomposes into rand < p; normal_ becomes normal_functional).
-        want, want_kind, want_shape = self.expected[k]
+        want, want_kind, want_shape = self.expected[k] if self.expected is not None else (name, kind, shape)
         if (want_kind, tuple(want_shape)) != (kind, shape):
             raise RuntimeError(f"random draw #{k + 1}: the module calls {name} for a {kind} draw of shape {shape}, "
                                f"its graph {want} for a {want_kind} draw of shape {tuple(want_shape)}; the forward "
                                "differs from the captured one")
         self.k += 1
-        index = self.indices[k]
-        base = draw(self.seed, index, kind, shape)
+        index = self.indices[k] if self.indices is not None else k
+        base = case_draw(self.seed, index, kind, shape, self.pinned)
+        if self.expected is None:
+            return self._captured(func, args, kwargs, base)
         out = torch_value(func, args, kwargs, lambda kind, shp: base)
         if self.recorded is not None:  # a reproducer replays the draw: a dropout's factors, else the values
             kept = keep_factors(base, drop_probability(name, args, kwargs)) if name in _DROPOUTS else out
             self.recorded.setdefault("random_values", []).append(torch.as_tensor(kept).detach().clone())
         return out
 
+    @staticmethod
+    def _captured(func, args, kwargs, base):
+        """A capture's random call: the op itself, for the trace to record, holding the draw's value.
+
+        A trace's modes run below this one, so the op's value is written into
+        its real tensor with every mode set aside: the trace sees neither the
+        write nor its ops.  Dropout's values stay torch's (no branch reads a
+        mask)."""
+        import torch
+        from torch.utils._python_dispatch import _disable_current_modes
+
+        out = func(*args, **kwargs)
+        if str(func) in OPS and isinstance(out, torch.Tensor):
+            with _disable_current_modes(), torch.no_grad():
+                value = torch_value(func, args, kwargs, lambda kind, shp: base)
+                if value is not out:
+                    out.copy_(value.to(out.dtype))
+        return out
+
     def finish(self):
-        if self.k != len(self.expected):
+        if self.expected is not None and self.k != len(self.expected):
             raise RuntimeError(f"the module made {self.k} random draws but its exported graph has "
                                f"{len(self.expected)}; the forward differs from the captured one")
 
