@@ -112,8 +112,10 @@ def describe(graph, held: dict | None = None) -> list[str]:
             op = _DRAW_NAMES.get(name, name.split(".")[1])
             kinds[op] = kinds.get(op, 0) + 1
         listed = ", ".join(f"{op} x{n}" if n > 1 else op for op, n in kinds.items())
+        but = " (but the one below)" if len(graph.draws.pinned) == 1 else (
+            " (but those below)" if graph.draws.pinned else "")
         notes.append(f"{len(graph.draws)} random draw{'s' if len(graph.draws) > 1 else ''} ({listed}) come from "
-                     "the case seed: every backend, torch's own run included, gets the same values")
+                     f"the case seed{but}: every backend, torch's own run included, gets the same values")
         if graph.draws.pinned:
             which = ", ".join(f"#{k + 1} ({graph.draws.expected[k][0].split('.')[1]})" for k in sorted(graph.draws.pinned))
             notes.append(f"random draw {which} decides a branch of the graph traced at the example inputs (LayerDrop's "
