@@ -421,6 +421,33 @@ def test_a_branch_on_values_is_traced_at_the_example_and_checked_on_every_backen
     assert not res.unavailable  # the tape and jax ran the traced graph
 
 
+class _Float32Kernel(nn.Module):
+    """A layer whose kernel has no float64 (a stand-in that refuses a double as torch's kernels word it:
+    transformers' grouped-matmul experts on ``torch._grouped_mm``)."""
+
+    def __init__(self, message):
+        super().__init__()
+        self.lin, self.message = nn.Linear(3, 3), message
+
+    def forward(self, x):
+        y = self.lin(x)
+        if y.dtype == torch.float64:
+            raise RuntimeError(self.message)
+        return y
+
+
+def test_a_module_torch_cannot_run_in_float64_is_told_so_and_the_way_out():
+    res = run_case(from_torch(_Float32Kernel("Expected mat_a to be Float32, BFloat16 or Float16 matrix, got Double"),
+                              torch.randn(2, 3)))
+    error = " ".join(res.errors.values())
+    assert "torch cannot run _Float32Kernel in float64, which decides the check" in error, res.errors
+    assert "got Double" in error and 'experts_implementation="eager"' in error
+    # The control: a float64 failure that is not about the dtype keeps torch's own message alone.
+    res = run_case(from_torch(_Float32Kernel("index 7 is out of bounds"), torch.randn(2, 3)))
+    error = " ".join(res.errors.values())
+    assert "index 7 is out of bounds" in error and "cannot run" not in error, res.errors
+
+
 class _BranchAndCount(nn.Module):
     """A branch on values (torch.export refuses it) and a Python int among the outputs (a trace at the example
     compares tensors only): neither capture can take it."""

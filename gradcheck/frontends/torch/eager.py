@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
+import re
 from dataclasses import dataclass
 
 from gradcheck import ops
@@ -69,13 +70,30 @@ def call_torch(module, state: dict, args: tuple, kwargs: dict, training: bool, f
         with TorchFunctions(run_dtype), \
                 randomness.CaseRandom(facts.seed, facts.draws, facts.draw_indices, facts.recorded,
                                       facts.pinned) as draws:
-            out = torch.func.functional_call(module, state, args, kwargs, tie_weights=True, strict=False)
+            try:
+                out = torch.func.functional_call(module, state, args, kwargs, tie_weights=True, strict=False)
+            except RuntimeError as exc:
+                if run_dtype is not None and _FLOAT64_REFUSED.search(str(exc)):
+                    raise RuntimeError(_no_float64(module, exc)) from exc
+                raise
         draws.finish()
     finally:
         torch.set_default_dtype(default)
         for m, flag in zip(module.modules(), was):
             m.training = flag
     return out
+
+
+# How torch's kernels refuse a double: "got Double", "not implemented for 'Double'", "... but found Double".
+_FLOAT64_REFUSED = re.compile(r"\bDouble\b|\bfloat64\b")
+
+
+def _no_float64(module, exc) -> str:
+    """What to tell a user whose module torch cannot run in float64 (the run that decides)."""
+    inner = getattr(module, "module", module)  # the capture's wrapper holds the user's module
+    return (f"torch cannot run {type(inner).__name__} in float64, which decides the check: {exc}. A kernel with no "
+            "float64 implementation (a low-precision fused kernel, transformers' grouped-matmul experts) stops it; "
+            "check the model with its plain implementation (transformers: experts_implementation=\"eager\")")
 
 
 @contextlib.contextmanager
