@@ -62,12 +62,18 @@ def lower(*names: str):
 def _keeps_graph_dtypes(fn):
     def lowering(ctx, *args, **kwargs):
         out = fn(ctx, *args, **kwargs)
-        val = ctx.node.meta.get("val") if ctx.node is not None else None
+        val = _traced_value(getattr(ctx, "node", None))
         return out if val is None else _graph_dtypes(ctx, out, val)
 
     lowering.__name__ = lowering.__qualname__ = fn.__name__
     lowering.__wrapped__ = fn
     return lowering
+
+
+def _traced_value(node):
+    """The value torch recorded for a graph node when it was traced (``meta["val"]``: its shape, dtype, strides),
+    or None (no node, or a node without one)."""
+    return getattr(node, "meta", {}).get("val") if node is not None else None
 
 
 def _graph_dtype(ctx, val) -> np.dtype | None:
@@ -574,9 +580,8 @@ def unfold(ctx, self, dimension, size, step):
     if not shape:
         _unsupported("aten.unfold", "a 0-d tensor")
     nd, d = len(shape), dimension % len(shape)
-    n = (shape[d] - size) // step + 1
-    index = np.arange(n)[:, None] * step + np.arange(size)[None, :]
-    windows = o.take(self, index, axis=d)  # shape[:d] + (n, size) + shape[d + 1:]
+    starts = np.arange((shape[d] - size) // step + 1) * step  # every window lies inside: no -1 among them
+    windows = o.take(self, _windows(starts, size, shape[d]), axis=d)  # shape[:d] + (n, size) + shape[d + 1:]
     return o.transpose(windows, tuple(range(d + 1)) + tuple(range(d + 2, nd + 1)) + (d + 1,))
 
 
@@ -734,8 +739,7 @@ def _layout(ctx, shape) -> tuple | None:
     """``(strides, storage offset)`` torch gave the first argument of ``ctx``'s node when it was traced, or
     None where the graph does not record them."""
     node = getattr(ctx, "node", None)
-    arg = node.args[0] if node is not None and node.args else None
-    val = getattr(arg, "meta", {}).get("val") if arg is not None else None
+    val = _traced_value(node.args[0] if node is not None and node.args else None)
     if val is None or not hasattr(val, "stride") or tuple(val.shape) != tuple(shape):
         return None
     return tuple(int(s) for s in val.stride()), int(val.storage_offset())
@@ -1873,8 +1877,7 @@ def nonzero(ctx, self):
         return np.argwhere(values).astype(np.int64)
     # Traced by jax: its output's shape is the number of positions.  A graph traced at the example inputs
     # recorded that number (the example's; Mixtral's experts hit), and is the graph of that point only.
-    val = ctx.node.meta.get("val") if getattr(ctx, "node", None) is not None else None
-    count = getattr(val, "shape", (None,))[0]
+    count = getattr(_traced_value(getattr(ctx, "node", None)), "shape", (None,))[0]
     if not isinstance(count, int):
         _unsupported("aten.nonzero", "an input traced by jax", "the number of positions, its output's shape, "
                      "is not known while it traces")

@@ -35,6 +35,12 @@ class TorchFacts:
     recorded: dict | None = None  # when given: "random_values" handed out, in order
     pinned: frozenset = frozenset()  # the graph's numbers of the draws a traced branch depends on (Draws.pinned)
 
+    @classmethod
+    def of(cls, seed: int, graph_draws, indices: list | None = None, recorded: dict | None = None) -> TorchFacts:
+        """The facts of a call that makes the graph's draws ``indices`` (``randomness.Draws``; None: all of them)."""
+        expected = graph_draws.expected if indices is None else [graph_draws.expected[k] for k in indices]
+        return cls(seed, expected, indices, recorded, graph_draws.pinned)
+
 
 def call_torch(module, state: dict, args: tuple, kwargs: dict, training: bool, facts: TorchFacts):
     """``module(*args, **kwargs)`` under torch with ``state`` bound (``functional_call``), as the case runs it.

@@ -63,6 +63,11 @@ _DRAW_NAMES = {"aten.native_dropout.default": "dropout", "aten.dropout.default":
                "aten._scaled_dot_product_flash_attention_for_cpu.default": "attention dropout"}
 
 
+def _draw_name(op: str) -> str:
+    """A draw's name in the notes: ``dropout``, ``attention dropout``, else the op's (``rand``)."""
+    return _DRAW_NAMES.get(op, op.split(".")[1])
+
+
 def _held_input(graph, node, held: dict) -> int | None:
     """The index of the held input (``capture.hold_undifferentiable``) a detach node detaches, or None."""
     arg = node.args[0] if node.args else None
@@ -109,7 +114,7 @@ def describe(graph, held: dict | None = None) -> list[str]:
     if graph.draws is not None and len(graph.draws):
         kinds: dict[str, int] = {}
         for name, _, _ in graph.draws.expected:
-            op = _DRAW_NAMES.get(name, name.split(".")[1])
+            op = _draw_name(name)
             kinds[op] = kinds.get(op, 0) + 1
         listed = ", ".join(f"{op} x{n}" if n > 1 else op for op, n in kinds.items())
         but = " (but the one below)" if len(graph.draws.pinned) == 1 else (
@@ -117,7 +122,7 @@ def describe(graph, held: dict | None = None) -> list[str]:
         notes.append(f"{len(graph.draws)} random draw{'s' if len(graph.draws) > 1 else ''} ({listed}) come from "
                      f"the case seed{but}: every backend, torch's own run included, gets the same values")
         if graph.draws.pinned:
-            which = ", ".join(f"#{k + 1} ({graph.draws.expected[k][0].split('.')[1]})" for k in sorted(graph.draws.pinned))
+            which = ", ".join(f"#{k + 1} ({_draw_name(graph.draws.expected[k][0])})" for k in sorted(graph.draws.pinned))
             notes.append(f"random draw {which} decides a branch of the graph traced at the example inputs (LayerDrop's "
                          "coin): the graph is the path the capture's draw took, so that draw is the capture's on every "
                          "backend and for every seed, not the case seed's")

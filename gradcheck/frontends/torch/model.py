@@ -221,7 +221,7 @@ class Program:
             state = {join(capture.ROOT, p): torch.from_numpy(np.array(v)).to(self.device) for p, v in values.items()}
             with torch.no_grad():
                 module = pytree.tree_leaves(call_torch(self.wrapper, state, tuple(self._tensor(x) for x in inputs),
-                                                       {}, training, TorchFacts(0, graph.draws.expected, pinned=graph.draws.pinned)))
+                                                       {}, training, TorchFacts.of(0, graph.draws)))
         except Exception as exc:  # noqa: BLE001 - a graph that cannot be checked is not used
             return f"it could not be checked against the module ({type(exc).__name__}: {str(exc)[:200]})"
         graph_user = [v for (kind, _), v in zip(graph.outputs, outs) if kind == "output"]
@@ -444,7 +444,7 @@ class Program:
 
         state = {join(capture.ROOT, path): v for path, v in values.items()}
         graph = self.graph(training)
-        facts = TorchFacts(root._dropout_seed, graph.draws.expected, pinned=graph.draws.pinned)
+        facts = TorchFacts.of(root._dropout_seed, graph.draws)
         out = call_torch(self.wrapper, state, tuple(inputs), {}, training, facts)
         return pytree.tree_leaves(out)
 

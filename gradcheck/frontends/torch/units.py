@@ -271,8 +271,7 @@ class UnitCall:
         args, kwargs = pytree.tree_unflatten(flat, self.spec)
         graph = self.graph
         draws = [graph.draws.index[n.name] for n in self.unit.nodes if n.name in graph.draws.index]
-        facts = TorchFacts(self.seed, [graph.draws.expected[k] for k in draws], draws,
-                           pinned=graph.draws.pinned)
+        facts = TorchFacts.of(self.seed, graph.draws, draws)
         out = call_torch(module, state, tuple(args), dict(kwargs), self.training, facts)
         leaves = [t for t in pytree.tree_leaves(out)]
         return tuple(leaves[i] for i in self.picks)
@@ -324,8 +323,7 @@ class UnitCall:
         graph = self.graph
         draws = [graph.draws.index[n.name] for n in self.unit.nodes if n.name in graph.draws.index]
         recorded: dict = {}
-        facts = TorchFacts(self.seed, [graph.draws.expected[k] for k in draws], draws, recorded,
-                           graph.draws.pinned)
+        facts = TorchFacts.of(self.seed, graph.draws, draws, recorded)
         flat = [inputs[v] if kind == "input" else v for kind, v in slots]
         from torch.utils import _pytree as pytree
 
@@ -471,8 +469,7 @@ def _torch_calls(program, root64, inputs64, training):
     try:
         with torch.no_grad(), custom_backwards(applied):
             call_torch(program.wrapper, state, tinputs, {}, training,
-                       TorchFacts(root64._dropout_seed, graph.draws.expected,
-                                  pinned=graph.draws.pinned))
+                       TorchFacts.of(root64._dropout_seed, graph.draws))
     finally:
         for h in handles:
             h.remove()
