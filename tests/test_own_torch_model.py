@@ -8,6 +8,7 @@ the blame exactly.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -356,13 +357,15 @@ def test_droppath_with_torch_rand_agrees_in_train_mode_and_says_what_was_drawn()
     assert not any(leaf.nondeterministic for leaf in res.leaves)
 
 
-def test_without_the_case_draws_torch_draws_its_own_and_is_nondeterministic(monkeypatch):
+def test_without_the_case_draws_torch_draws_its_own_and_the_other_backends_cannot_follow(monkeypatch):
     from gradcheck.frontends.torch import randomness
 
-    monkeypatch.setattr(randomness, "OPS", {})  # no op is the case's: torch's own generator draws
-    monkeypatch.setattr(randomness, "_DROPOUTS", ())
+    # Every draw torch's run makes is its own generator's (which each forward starts at one state, so the run
+    # repeats itself): the graph's draws are the case's, and the lowering check stops the tape and jax.
+    monkeypatch.setattr(randomness, "torch_value", lambda func, args, kwargs, draw: func(*args, **kwargs))
     res = run_case(from_torch(DropPathBlock(), torch.randn(6, 8)))
-    assert res.verdict != "agree"
+    assert sorted(res.unavailable) == ["jax", "tape"], failing(res)
+    assert all("disagrees with torch's aten.native_dropout" in why for why in res.unavailable.values())
 
 
 class EveryDraw(nn.Module):
@@ -618,3 +621,224 @@ def test_a_wrong_expert_gradient_on_jax_is_blamed_on_jax(monkeypatch):
                    RunOptions(backends=ALL))
     off = [leaf for leaf in res.leaves if leaf.verdict == "disagree"]
     assert off and all(leaf.blame == ["jax"] for leaf in off), failing(res)
+
+
+# ---------------------------------------------------------------- gradient checkpointing
+class _CheckpointedBlock(nn.Module):
+    def __init__(self, hook=None):
+        super().__init__()
+        self.lin, self.mix = nn.Linear(8, 8), nn.Linear(8, 8)
+        self.drop = nn.Dropout(0.25)
+        self.hook = hook  # a gradient hook: torch's gradient alone (a graph holds no hooks)
+
+    def forward(self, x):
+        h = torch.relu(self.lin(x)).float()  # an RMSNorm's cast: float64 in a float64 run
+        h = torch.tanh(self.mix(h))
+        if self.hook is not None and h.requires_grad:
+            h.register_hook(self.hook)
+        return x + self.drop(h)
+
+
+class Checkpointed(nn.Module):
+    """Residual blocks run through ``torch.utils.checkpoint``, as transformers' ``gradient_checkpointing_enable()``
+    and timm's ``set_grad_checkpointing()`` run theirs: torch recomputes each block's forward inside the backward,
+    its dropout draws, its relu (a kink a pinned float32 run takes the reference's side of) and its cast too."""
+
+    def __init__(self, reentrant=False, preserve_rng_state=True, hook=None, checkpointing=True):
+        super().__init__()
+        torch.manual_seed(0)
+        self.blocks = nn.ModuleList([_CheckpointedBlock(hook) for _ in range(3)])
+        self.head = nn.Linear(8, 3)
+        self.reentrant, self.preserve, self.checkpointing = reentrant, preserve_rng_state, checkpointing
+
+    def forward(self, x):
+        from torch.utils.checkpoint import checkpoint
+
+        for block in self.blocks:
+            x = (checkpoint(block, x, use_reentrant=self.reentrant, preserve_rng_state=self.preserve)
+                 if self.checkpointing else block(x))
+        return self.head(x)
+
+
+def _checkpointed_case(seed=0, **kw):
+    return from_torch(Checkpointed(**kw), torch.randn(5, 8, generator=torch.Generator().manual_seed(seed)), seed=seed)
+
+
+@pytest.mark.filterwarnings("ignore:None of the inputs have requires_grad")  # the referee's runs: no gradient there
+@pytest.mark.parametrize("reentrant, seed", [(False, 0), (False, 1), (True, 2)])
+def test_a_checkpointed_model_is_checked_on_every_backend(reentrant, seed):
+    res = run_case(_checkpointed_case(seed, reentrant=reentrant), RunOptions(backends=ALL))
+    assert_agree(res)
+    assert res.float32 == "ok" and not res.unpinned, failing(res)  # the recompute took the pinned kinks again
+    assert any("3 random draws (dropout x3) come from the case seed" in n for n in res.notes), res.notes
+
+
+def _close_now(monkeypatch):
+    from gradcheck.frontends.torch import eager
+
+    monkeypatch.setattr(eager, "hold", lambda setup: setup.close())
+
+
+def _no_function_mode_in_recompute(monkeypatch):
+    from gradcheck.frontends.torch import eager
+
+    monkeypatch.setattr(eager, "_recomputed_under", lambda functions: contextlib.nullcontext())
+
+
+def _no_replay(monkeypatch):
+    from gradcheck.frontends.torch import randomness
+
+    monkeypatch.setattr(randomness.CaseRandom, "_position", lambda self: (self.k, False))  # every draw a new one
+
+
+def _autograd_grad_only(monkeypatch):
+    from gradcheck.backends.torch import driver
+
+    monkeypatch.setattr(driver, "_custom_function", lambda loss: False)
+
+
+@pytest.mark.filterwarnings("ignore:None of the inputs have requires_grad")
+@pytest.mark.parametrize("without, reentrant, says", [
+    (_close_now, False, "must have the same dtype"),  # the recompute meets the module's own float32 parameters
+    (_no_function_mode_in_recompute, False, "must have the same dtype"),  # its cast makes float32 there
+    (_no_replay, False, "during torch's backward"),  # its dropout would draw anew
+    (_autograd_grad_only, True, "incompatible with .grad()"),
+])
+def test_without_each_part_of_the_held_call_torchs_recompute_fails(without, reentrant, says, monkeypatch):
+    without(monkeypatch)
+    res = run_case(_checkpointed_case(0, reentrant=reentrant), RunOptions(backends=ALL))
+    assert res.verdict == "error" and any(says in str(e) for e in res.errors.values()), failing(res)
+
+
+@pytest.mark.parametrize("backend", ["torch", "tape", "jax"])
+def test_a_wrong_gradient_in_a_checkpointed_model_is_blamed_on_its_backend(backend, monkeypatch):
+    hook = None
+    if backend == "torch":
+        hook = lambda g: g * 1.01  # noqa: E731
+    elif backend == "tape":
+        _wrong_tape(monkeypatch)
+    else:
+        _wrong_jax(monkeypatch)
+    res = run_case(_checkpointed_case(1, hook=hook), RunOptions(backends=ALL))
+    assert not res.errors and not res.unavailable, failing(res)
+    off = [leaf for leaf in res.leaves if leaf.verdict == "disagree"]
+    assert off and all(leaf.blame == [backend] for leaf in off), failing(res)
+
+
+class FromCounts(nn.Module):
+    """Features made from integer counts (no gradient flows into them), then a checkpointed segment."""
+
+    def __init__(self, reentrant):
+        super().__init__()
+        torch.manual_seed(0)
+        self.lin, self.head = nn.Linear(8, 8), nn.Linear(8, 2)
+        self.reentrant = reentrant
+
+    def forward(self, counts):
+        from torch.utils.checkpoint import checkpoint
+
+        h = counts.to(torch.get_default_dtype()) / 5.0
+        return self.head(checkpoint(lambda t: torch.tanh(self.lin(t)), h, use_reentrant=self.reentrant))
+
+
+@pytest.mark.filterwarnings("ignore:None of the inputs have requires_grad")
+@pytest.mark.parametrize("reentrant", [True, False])
+def test_a_reentrant_segment_whose_inputs_need_no_gradient_gives_none_and_torch_is_blamed(reentrant):
+    counts = torch.randint(0, 10, (4, 8), generator=torch.Generator().manual_seed(0))
+    res = run_case(from_torch(FromCounts(reentrant), counts), RunOptions(backends=ALL))
+    if not reentrant:  # the control: torch's recommended checkpoint gives the segment's parameters their gradient
+        assert_agree(res)
+        return
+    off = sorted(leaf.path for leaf in res.leaves if leaf.verdict == "disagree")
+    assert off == ["lin.bias", "lin.weight"], failing(res)
+    assert all(leaf.blame == ["torch"] for leaf in res.leaves if leaf.verdict == "disagree"), failing(res)
+    assert "use_reentrant=True" in res.origin.message and "enable_input_require_grads" in res.origin.message
+
+
+def test_a_recompute_that_draws_anew_is_told_so():
+    res = run_case(_checkpointed_case(0, preserve_rng_state=False), RunOptions(backends=ALL))
+    assert res.verdict == "error", failing(res)
+    assert "drew new numbers, so torch's gradient is not the forward's" in res.errors["torch"], failing(res)
+
+
+def _two_calls_in_one_backward(model):
+    """The gradient of two torch calls of ``model`` (other inputs, other case seeds) held to one backward."""
+    from gradcheck.backends.torch import driver
+    from gradcheck.frontends.torch.eager import TorchFacts, call_torch
+
+    draws = [("dropout", "uniform", (5, 8))] * 3
+    state = {k: v.detach().double().requires_grad_() for k, v in model.state_dict().items()}
+    x = torch.randn(5, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
+    with driver._held_to_backward():
+        first = call_torch(model, state, (x,), {}, True, TorchFacts(0, draws))
+        second = call_torch(model, state, (x * 0.5,), {}, True, TorchFacts(1, draws))
+        return torch.autograd.grad((first * second).sum(), list(state.values()))
+
+
+def test_segments_of_two_calls_recomputed_in_one_backward_repeat_their_own_calls_draws(monkeypatch):
+    plain = _two_calls_in_one_backward(Checkpointed(checkpointing=False))
+    for got, want in zip(_two_calls_in_one_backward(Checkpointed()), plain, strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+    # the control: every draw taken as the innermost call's, the first call's recompute has no draw left to repeat
+    from gradcheck.frontends.torch import randomness
+
+    monkeypatch.setattr(randomness.CaseRandom, "_owner", lambda self: self)
+    with pytest.raises(RuntimeError, match="during torch's backward"):
+        _two_calls_in_one_backward(Checkpointed())
+
+
+
+class _Reversible(torch.autograd.Function):
+    """Reformer's reversible layer in small: no activations kept; its backward seeds torch as its forward did,
+    recomputes the sublayer (its dropout included) and accumulates the sublayer's ``.grad`` itself."""
+
+    @staticmethod
+    def forward(ctx, x, layer, seed, *params):
+        ctx.layer, ctx.seed = layer, seed
+        with torch.no_grad():
+            torch.manual_seed(seed)
+            y = x + layer(x)
+        ctx.save_for_backward(x)
+        return y
+
+    @staticmethod
+    def backward(ctx, g):
+        (x,) = ctx.saved_tensors
+        with torch.enable_grad():
+            x = x.detach().requires_grad_()
+            torch.manual_seed(ctx.seed)
+            torch.autograd.backward(x + ctx.layer(x), g)
+        return (x.grad, None, None) + (None,) * len(list(ctx.layer.parameters()))
+
+
+class ReversibleLike(nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.layer = nn.Sequential(nn.Linear(8, 8), nn.Tanh(), nn.Dropout(0.3))
+        self.head = nn.Linear(8, 2)
+
+    def forward(self, x):
+        return self.head(_Reversible.apply(x, self.layer, 1234, *self.layer.parameters()))
+
+
+def _no_seeded_replay(monkeypatch):
+    from gradcheck.frontends.torch import randomness
+
+    monkeypatch.setattr(randomness.CaseRandom, "_owner", lambda self: self)
+    monkeypatch.setattr(randomness.CaseRandom, "_position", lambda self: (self.k, False))
+
+
+@pytest.mark.parametrize("without", [None, _autograd_grad_only, _no_seeded_replay])
+def test_a_reversible_layer_that_seeds_torch_and_accumulates_its_own_grads_is_checked(without, monkeypatch):
+    if without is not None:
+        without(monkeypatch)
+    res = run_case(from_torch(ReversibleLike(), torch.randn(4, 8, generator=torch.Generator().manual_seed(1)), seed=1),
+                   RunOptions(backends=ALL))
+    if without is None:
+        assert_agree(res)
+    elif without is _autograd_grad_only:  # autograd.grad takes none of the .grad the layer's backward accumulates
+        off = sorted(leaf.path for leaf in res.leaves if leaf.verdict == "disagree")
+        assert off == ["layer.0.bias", "layer.0.weight"] and res.origin.blame == ["torch"], failing(res)
+    else:  # its recompute's draw taken as a new one
+        assert "during torch's backward" in res.errors.get("torch", ""), failing(res)

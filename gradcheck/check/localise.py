@@ -643,6 +643,13 @@ def _vjp_origin(c: LayerCall, names) -> Origin:
                 f"{', '.join(c.custom_backwards)} that this call applies, while the tape and jax differentiate its "
                 "forward: a backward that is not its forward's derivative (a wrong one, or a straight-through "
                 "estimator or gradient reversal by design) is found here")
+        if any(f.startswith("CheckpointFunction ") for f in c.custom_backwards):
+            msg += ("; CheckpointFunction is torch.utils.checkpoint(use_reentrant=True), which recomputes the "
+                    "segment in its backward: the parameters inside get no gradient when none of the segment's "
+                    "tensor inputs requires one (torch warns \"None of the inputs have requires_grad=True\"; "
+                    "checkpoint with use_reentrant=False, or make an input require a gradient, transformers: "
+                    "enable_input_require_grads()), and a wrong one when the recompute differs from the forward "
+                    "(state that the forward changes)")
     return Origin(path=c.path, layer=c.layer, kind="vjp", blame=blame, op=op, message=msg)
 
 

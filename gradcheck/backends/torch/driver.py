@@ -8,6 +8,7 @@ attribute) names another, e.g. "cuda"; the same cases then run on a GPU.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import inspect
 import os
 import sys
@@ -101,7 +102,7 @@ class TorchBackend(Backend):
         import torch
 
         _configure(torch)
-        with _full_precision(torch):
+        with _full_precision(torch), _held_to_backward():
             return self._evaluate(torch, f, args, prefixes)
 
     def _evaluate(self, torch, f, args, prefixes) -> Evaluation:
@@ -122,6 +123,39 @@ class TorchBackend(Backend):
             return _grads(torch, loss, wrt, create_graph)
 
         return evaluate_eagerly(f, args, prefixes, lift, differentiate, _to_numpy)
+
+
+# The set-up of the torch calls made inside an evaluation, undone after its gradient (``hold``).
+_HELD: contextvars.ContextVar[contextlib.ExitStack | None] = contextvars.ContextVar("gradcheck_torch_held",
+                                                                                   default=None)
+
+
+@contextlib.contextmanager
+def _held_to_backward():
+    with contextlib.ExitStack() as stack:
+        token = _HELD.set(stack)
+        try:
+            yield
+        finally:
+            _HELD.reset(token)
+
+
+def hold(setup: contextlib.ExitStack) -> None:
+    """Undo ``setup`` (a module call's set-up) after the gradient of the evaluation it is made in; outside one, now.
+
+    Gradient checkpointing (``torch.utils.checkpoint``, transformers'
+    ``gradient_checkpointing_enable()``) and reversible layers run parts of
+    a forward again inside the backward.  That recompute must meet the call
+    it repeats: the case's leaves bound (not the module's own float32
+    parameters), the run's float dtype, the module's mode, the same random
+    draws.  So a call's set-up stays until the backward is done, and the
+    set-ups are undone in the reverse order they were made.
+    """
+    held = _HELD.get()
+    if held is None:
+        setup.close()
+    else:
+        held.enter_context(setup)
 
 
 def _to_numpy(x):
@@ -159,5 +193,29 @@ def _grads(torch, loss, wrt, create_graph):
         return []
     if not loss.requires_grad:  # the loss uses no trainable leaf at all
         return [torch.zeros_like(t) for t in wrt]
-    grads = torch.autograd.grad(loss.reshape(()), wrt, allow_unused=True, create_graph=create_graph)
+    if not create_graph and all(t.is_leaf for t in wrt) and _custom_function(loss):
+        # A custom autograd.Function may give its gradient only as a training loop takes it, into .grad:
+        # torch.utils.checkpoint(use_reentrant=True) refuses autograd.grad ("incompatible with .grad()"), and a
+        # reversible layer (Reformer's) runs a backward of its own that accumulates its parameters' .grad and
+        # returns nothing for them.  The plain backward, into the driver's own fresh leaves, takes both.
+        loss.reshape(()).backward()
+        grads = [t.grad for t in wrt]
+    else:
+        grads = torch.autograd.grad(loss.reshape(()), wrt, allow_unused=True, create_graph=create_graph)
     return [torch.zeros_like(t) if g is None else g for g, t in zip(grads, wrt, strict=True)]
+
+
+def _custom_function(loss) -> bool:
+    """Whether the graph behind ``loss`` holds the backward of a custom ``torch.autograd.Function``."""
+    from torch.autograd.function import BackwardCFunction
+
+    seen, todo = set(), [loss.grad_fn]
+    while todo:
+        node = todo.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        if isinstance(node, BackwardCFunction):
+            return True
+        todo.extend(fn for fn, _ in node.next_functions)
+    return False

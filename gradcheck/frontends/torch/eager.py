@@ -20,6 +20,7 @@ import re
 from dataclasses import dataclass
 
 from gradcheck import ops
+from gradcheck.backends.torch.driver import hold
 from gradcheck.check import kinks
 from gradcheck.frontends.arrays import backend_of_values, float_dtype_of  # noqa: F401 (model and units use them)
 from gradcheck.frontends.torch import randomness
@@ -64,30 +65,84 @@ def call_torch(module, state: dict, args: tuple, kwargs: dict, training: bool, f
 
     args = tuple(clone(x) for x in args)
     kwargs = {k: clone(v) for k, v in kwargs.items()}
-    was = [m.training for m in module.modules()]
-    module.train(training)
-    default = torch.get_default_dtype()
     floats = {v.dtype for v in list(state.values()) + list(args) + list(kwargs.values())
               if isinstance(v, torch.Tensor) and v.is_floating_point()}
     run_dtype = torch.float64 if floats == {torch.float64} else None
+    setup = contextlib.ExitStack()
     try:
+        was = [m.training for m in module.modules()]
+        module.train(training)
+        setup.callback(_restore_training, module, was)
+        setup.callback(torch.set_default_dtype, torch.get_default_dtype())
         if run_dtype is not None:
             torch.set_default_dtype(run_dtype)
-        with TorchFunctions(run_dtype), \
-                randomness.CaseRandom(facts.seed, facts.draws, facts.draw_indices, facts.recorded,
-                                      facts.pinned) as draws:
-            try:
-                out = torch.func.functional_call(module, state, args, kwargs, tie_weights=True, strict=False)
-            except RuntimeError as exc:
-                if run_dtype is not None and _FLOAT64_REFUSED.search(str(exc)):
-                    raise RuntimeError(_no_float64(module, exc)) from exc
-                raise
+        draws = setup.enter_context(randomness.CaseRandom(facts.seed, facts.draws, facts.draw_indices,
+                                                          facts.recorded, facts.pinned))
+        functions = setup.enter_context(TorchFunctions(run_dtype))
+        functions.start_forward()
+        setup.enter_context(_recomputed_under(functions))
+        # functional_call's own binding, held open here rather than undone on return (see backends.torch.driver.hold)
+        setup.enter_context(_reparametrize_module(module, state, tie_weights=True, strict=False))
+        try:
+            out = module(*args, **kwargs)
+        except RuntimeError as exc:
+            if run_dtype is not None and _FLOAT64_REFUSED.search(str(exc)):
+                raise RuntimeError(_no_float64(module, exc)) from exc
+            raise
         draws.finish()
-    finally:
-        torch.set_default_dtype(default)
-        for m, flag in zip(module.modules(), was):
-            m.training = flag
+    except BaseException:
+        setup.close()
+        raise
+    hold(setup)  # undone once the gradient is taken: a recompute inside the backward meets the same call
     return out
+
+
+@contextlib.contextmanager
+def _recomputed_under(functions: TorchFunctions):
+    """Gradient checkpointing's recompute, inside the backward, under the call's ``TorchFunctions`` too.
+
+    torch's function modes do not reach into a backward (its dispatch modes,
+    ``CaseRandom``, do), so a segment that ``torch.utils.checkpoint``
+    recomputes there would miss the run's float dtype and the pinned kinks,
+    and differ from its forward.  Its two entry points (looked up by name at
+    each call) are handed each segment's function wrapped to enter them again.
+    """
+    try:
+        from torch.utils import checkpoint as ckpt
+
+        reentrant, plain = ckpt.CheckpointFunction, ckpt._checkpoint_without_reentrant_generator
+    except (ImportError, AttributeError):  # a torch without them: its recompute runs without the function mode
+        yield
+        return
+    own = reentrant.__dict__.get("apply")
+
+    def apply(cls, function, *rest):
+        return super(reentrant, cls).apply(functions.again(function), *rest)
+
+    def without_reentrant(function, *rest, **kwargs):
+        return plain(functions.again(function), *rest, **kwargs)
+
+    reentrant.apply, ckpt._checkpoint_without_reentrant_generator = classmethod(apply), without_reentrant
+    try:
+        yield
+    finally:
+        ckpt._checkpoint_without_reentrant_generator = plain
+        if own is None:
+            del reentrant.apply
+        else:
+            reentrant.apply = own
+
+
+def _restore_training(module, was: list) -> None:
+    for m, flag in zip(module.modules(), was):
+        m.training = flag
+
+
+def _reparametrize_module(module, state: dict, **kwargs):
+    """``functional_call``'s binding of ``state`` to ``module``, as a context that can be held open."""
+    from torch.nn.utils import stateless
+
+    return stateless._reparametrize_module(module, state, **kwargs)
 
 
 # How torch's kernels refuse a double: "got Double", "not implemented for 'Double'", "... but found Double".
@@ -157,7 +212,7 @@ class TorchFunctions:
     ``randomness.CaseRandom``.)
     """
 
-    def __init__(self, run_dtype=None):
+    def __init__(self, run_dtype=None, recompute: bool = False):
         from torch.overrides import TorchFunctionMode
 
         outer = self
@@ -166,17 +221,39 @@ class TorchFunctions:
             def __torch_function__(self, func, types, args=(), kwargs=None):
                 return outer._handle(func, args, kwargs or {})
 
+        self._mode_type = _Mode
+
         state = kinks.active()
         self.pinning = state is not None and state.mode == "pin"
         self._mode = _Mode()
         self.run_dtype = run_dtype  # every float dtype a call names becomes this one (None: as the module says)
+        self.recompute = recompute  # a forward recomputed inside the backward: its kink calls repeat the forward's
 
     def __enter__(self):
         self._mode.__enter__()
         return self
 
+    def start_forward(self) -> None:
+        """Where a module's forward starts: its first pinned kink op is the pin's next (not the recompute's)."""
+        if self.pinning and randomness.forward_position() is not None:
+            randomness.set_forward_position(kinks=kinks.active().position)
+
     def __exit__(self, *exc):
         return self._mode.__exit__(*exc)
+
+    def again(self, function):
+        """``function`` run under an equal of this mode where none is in effect: recomputed inside a backward."""
+        from torch.overrides import _get_current_function_mode_stack
+
+        run_dtype = self.run_dtype
+
+        def run(*args, **kwargs):
+            if any(type(m).__qualname__ == self._mode_type.__qualname__ for m in _get_current_function_mode_stack()):
+                return function(*args, **kwargs)
+            with TorchFunctions(run_dtype, recompute=True):
+                return function(*args, **kwargs)
+
+        return run
 
     def _handle(self, func, args, kwargs):
         import torch.nn.functional as F
@@ -186,16 +263,42 @@ class TorchFunctions:
                 return args[0].to(self.run_dtype)
             args, kwargs = _run_dtype(args, self.run_dtype), {k: _run_dtype(v, self.run_dtype) for k, v in kwargs.items()}
         if self.pinning and any(func is f for f in _relus()):
-            return ops.relu(args[0] if args else kwargs["input"])
+            return self._pinned(lambda: ops.relu(args[0] if args else kwargs["input"]))
         if self.pinning and func is F.max_pool2d:
             names = ("input", "kernel_size", "stride", "padding", "dilation", "ceil_mode", "return_indices")
             bound = _bind(names, (None, None, None, 0, 1, False, False), args, kwargs)
             if bound["dilation"] in (1, (1, 1), [1, 1]) and not bound["return_indices"]:
                 from gradcheck.frontends.torch.aten import max_pool2d_ceil
 
-                return max_pool2d_ceil(bound["input"], bound["kernel_size"], bound["stride"] or bound["kernel_size"],
-                                       bound["padding"], bool(bound["ceil_mode"]))
+                return self._pinned(lambda: max_pool2d_ceil(bound["input"], bound["kernel_size"],
+                                                            bound["stride"] or bound["kernel_size"],
+                                                            bound["padding"], bool(bound["ceil_mode"])))
         return func(*args, **kwargs)
+
+
+    def _pinned(self, run):
+        """A pinned kink op's call: in the forward, the next one; recomputed inside the backward, the one it repeats.
+
+        The pin numbers kink calls in the order the forward made them; a
+        segment that gradient checkpointing recomputes makes its calls again,
+        and must take the same decisions, not the next ones.  torch's
+        generator says which (``randomness.forward_position``).
+        """
+        state = kinks.active()
+        at = randomness.forward_position() if self.recompute else None
+        if at is None or at.kinks >= state.position:
+            out = run()
+            randomness.set_forward_position(kinks=state.position)
+            return out
+        end, crossed = state.position, len(state.crossed)
+        state.position = at.kinks
+        try:
+            out = run()
+            randomness.set_forward_position(kinks=state.position)
+            return out
+        finally:
+            state.position = end
+            del state.crossed[crossed:]  # the forward's crossings are counted once
 
 
 @functools.cache

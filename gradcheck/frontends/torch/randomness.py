@@ -48,8 +48,10 @@ so a pinned float32 run meets the same comparison on every backend.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import math
 import sys
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -57,6 +59,44 @@ from gradcheck import ops as o
 from gradcheck.backends import backend_of
 
 _TAG = 0x52414E44  # "RAND": separates these streams from the dropout masks' (seed, k)
+# Inside torch's runs of a module (CaseRandom) torch's generator is not drawn from (every draw is the case's), so it
+# holds where the forward is instead: seeded with _AT + (call << 40) + (draws << 20) + kinks, it says that in torch
+# call ``call`` (CaseRandom.call) draw number ``draws`` and pinned kink op call ``kinks`` (eager.TorchFunctions) come
+# next.  Gradient checkpointing puts back the generator of a segment's start before it recomputes the segment inside
+# the backward, and so says which draws, of which call, and which kink decisions the recompute repeats.
+_AT = 0x5241 << 48
+
+
+@dataclass(frozen=True)
+class Position:
+    call: int
+    draws: int
+    kinks: int
+
+
+def forward_position() -> Position | None:
+    """Where the torch forward in progress (or recomputed) is, or None where the module seeded torch itself."""
+    import torch
+
+    at = torch.default_generator.initial_seed() - _AT
+    return Position(at >> 40, (at >> 20) & 0xFFFFF, at & 0xFFFFF) if 0 <= at < 1 << 48 else None
+
+
+def set_forward_position(call: int | None = None, draws: int | None = None, kinks: int | None = None) -> None:
+    """Say in torch's generator where the forward is (None: as it says now, or last said where the module seeded
+    torch itself since)."""
+    import torch
+
+    now = forward_position() or _said[0]
+    _said[0] = at = Position(now.call if call is None else call, now.draws if draws is None else draws,
+                             now.kinks if kinks is None else kinks)
+    torch.default_generator.manual_seed(_AT + (at.call << 40) + (at.draws << 20) + at.kinks)
+
+
+_said = [Position(0, 0, 0)]
+# The torch calls whose draws are made or may be recomputed (entered, not yet exited), by number.
+_calls: dict = {}
+_numbers = itertools.count()
 
 
 # The state numpy's and Python's global generators start every forward of a module at (``host_generators``).
@@ -539,41 +579,112 @@ class CaseRandom:
         self.pinned = pinned
         self.recorded = recorded  # a reproducer keeps the values it hands out ("random_values")
         self.k = 0
+        self.finished = False
+        self._caller_generator = None
+        self._seeded: dict[int, int] = {}  # a seed the module gave torch itself -> the first draw made from it
+        self.call: int | None = None  # this call's number in torch's generator (forward_position), in torch's runs
 
     def __enter__(self):
+        import torch
+
+        if self.expected is not None:  # torch's generator says where the forward is (forward_position)
+            self._caller_generator = torch.random.get_rng_state()
+            self.call = next(_numbers) % 256
+            _calls[self.call] = self
+            set_forward_position(self.call, 0, 0)
         self._mode.__enter__()
         return self
 
     def __exit__(self, *exc):
-        return self._mode.__exit__(*exc)
+        import torch
+
+        try:
+            return self._mode.__exit__(*exc)
+        finally:
+            if self._caller_generator is not None:
+                _calls.pop(self.call, None)
+                torch.random.set_rng_state(self._caller_generator)
+
+    def _owner(self) -> CaseRandom:
+        """The call a draw belongs to: this one's forward's, or, inside the backward, the call being recomputed."""
+        import torch
+
+        if self.expected is None or not self.finished:
+            return self
+        at = forward_position()
+        if at is not None:
+            return _calls.get(at.call, self)
+        seed = torch.default_generator.initial_seed()
+        return next((c for c in _calls.values() if seed in c._seeded), self)
+
+    def _position(self) -> tuple[int, bool]:
+        """The number of the draw being made, and whether it repeats one (recomputed inside the backward).
+
+        In the forward the draws come in order.  After it, a draw is a
+        recompute's (gradient checkpointing): it repeats the draw torch's
+        generator says comes next, or, where the module seeds torch itself
+        (Reformer's reversible layers replay their dropout so), the first
+        draw the forward made from that seed.
+        """
+        import torch
+
+        if self.expected is None:
+            return self.k, False
+        at = forward_position()
+        if not self.finished:
+            if at is None:
+                self._seeded.setdefault(torch.default_generator.initial_seed(), self.k)
+            return self.k, False
+        if at is not None and at.call == self.call and at.draws < self.k:
+            return at.draws, True
+        if at is None and torch.default_generator.initial_seed() in self._seeded:
+            return self._seeded[torch.default_generator.initial_seed()], True
+        return self.k, False
 
     def _handle(self, func, args, kwargs):
         import torch
 
-        k = self.k
+        owner = self._owner()
+        if owner is not self:  # a segment of an earlier call of this forward, recomputed
+            return owner._handle(func, args, kwargs)
+        k, again = self._position()
         name = str(func)
         if name in _DROPOUTS:  # torch.native_dropout called as such (on CPU, F.dropout draws bernoulli_ instead)
             kind, shape = "uniform", tuple(int(d) for d in args[0].shape)
         else:
             kind, shape = spec(name, bind(func._schema, args, kwargs))
         if self.expected is not None and k >= len(self.expected):
+            if self.finished:
+                raise RuntimeError(
+                    f"the module made random draw #{k + 1} ({name}, shape {shape}) during torch's backward, after "
+                    f"the forward's {len(self.expected)}: a recompute of the forward inside the backward (gradient "
+                    "checkpointing) drew new numbers, so torch's gradient is not the forward's; checkpoint with "
+                    "preserve_rng_state=True, which repeats the forward's draws")
             raise RuntimeError(f"the module made random draw #{k + 1} ({name}, shape {shape}) but its exported "
                                f"graph has {len(self.expected)}; the forward differs between calls (capture it "
                                "again)")
         # The draw's kind and shape are what align the two sides: the graph may hold another op for the same
         # draw (bernoulli(p) decomposes into rand < p; normal_ becomes normal_functional).
         want, want_kind, want_shape = self.expected[k] if self.expected is not None else (name, kind, shape)
+        if (want_kind, tuple(want_shape)) != (kind, shape) and again:
+            raise RuntimeError(f"random draw #{k + 1}, recomputed inside torch's backward (gradient checkpointing, a "
+                               f"reversible layer): the module calls {name} for a {kind} draw of shape {shape} "
+                               f"where its forward made a {want_kind} draw of shape {tuple(want_shape)}: the "
+                               "recompute draws differently from its forward, so torch's gradient is not the "
+                               "forward's")
         if (want_kind, tuple(want_shape)) != (kind, shape):
             raise RuntimeError(f"random draw #{k + 1}: the module calls {name} for a {kind} draw of shape {shape}, "
                                f"its graph {want} for a {want_kind} draw of shape {tuple(want_shape)}; the forward "
                                "differs from the captured one")
-        self.k += 1
+        if not again:
+            self.k += 1
         index = self.indices[k] if self.indices is not None else k
         base = case_draw(self.seed, index, kind, shape, self.pinned)
         if self.expected is None:
             return self._captured(func, args, kwargs, base)
+        set_forward_position(self.call, k + 1)
         out = torch_value(func, args, kwargs, lambda kind, shp: base)
-        if self.recorded is not None:  # a reproducer replays the draw: a dropout's factors, else the values
+        if self.recorded is not None and not again:  # a reproducer replays the draw: dropout's factors, else values
             kept = keep_factors(base, drop_probability(name, args, kwargs)) if name in _DROPOUTS else out
             self.recorded.setdefault("random_values", []).append(torch.as_tensor(kept).detach().clone())
         return out
@@ -601,6 +712,7 @@ class CaseRandom:
         if self.expected is not None and self.k != len(self.expected):
             raise RuntimeError(f"the module made {self.k} random draws but its exported graph has "
                                f"{len(self.expected)}; the forward differs from the captured one")
+        self.finished = True
 
 
 def _draws_inside(name, args, kwargs) -> bool:
