@@ -18,6 +18,12 @@ time.  The seed is both torch's initialisation seed and the case seed
     python benchmarks/hf_models.py --models gpt2 bart --seeds 0      # some of them
     python benchmarks/hf_models.py --table hf_models.jsonl           # the table of a finished run
     python benchmarks/hf_models.py --table benchmarks/results/hf_models.json   # the kept one
+    python benchmarks/hf_models.py --checkpointing reentrant   # gradient_checkpointing_enable() on each model
+
+``--checkpointing plain|reentrant`` turns on transformers' gradient
+checkpointing (``use_reentrant`` False or True) in every model that supports
+it: torch then recomputes each layer's forward, its dropout draws included,
+inside the backward.  A model that does not support it is run without.
 
 A run is "clean" when its verdict is ``agree`` with nothing unavailable, no
 error, and no float32 result that is imprecise (a warning, which does not
@@ -251,7 +257,7 @@ MODELS = {
 }
 
 
-def child(name: str, seed: int) -> dict:
+def child(name: str, seed: int, checkpointing: str = "off") -> dict:
     """One model at one seed, in this process: built, captured, checked."""
     import torch
 
@@ -261,9 +267,13 @@ def child(name: str, seed: int) -> dict:
     torch.manual_seed(seed)
     t0 = time.perf_counter()
     model, inputs, forward = MODELS[name](seed)
+    checkpointed = checkpointing != "off" and getattr(model, "supports_gradient_checkpointing", False)
+    if checkpointed:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": checkpointing == "reentrant"})
     model.train()
     row = {"model": name, "seed": seed, "class": type(model).__name__,
-           "params": sum(p.numel() for p in model.parameters())}
+           "params": sum(p.numel() for p in model.parameters()),
+           "checkpointing": checkpointing if checkpointed else "off"}
     case = gradcheck.from_torch(model, *inputs, forward=forward, name=name, seed=seed)
     row["capture_s"] = round(time.perf_counter() - t0, 2)
     res = run_case(case, RunOptions(backends=("tape", "torch", "jax")))
@@ -285,9 +295,9 @@ def child(name: str, seed: int) -> dict:
     return row
 
 
-def _run_one(name, seed, timeout) -> dict:
+def _run_one(name, seed, timeout, checkpointing="off") -> dict:
     t0 = time.perf_counter()
-    cmd = [sys.executable, os.path.abspath(__file__), "--child", name, str(seed)]
+    cmd = [sys.executable, os.path.abspath(__file__), "--child", name, str(seed), "--checkpointing", checkpointing]
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -326,9 +336,11 @@ def main(argv=None):
     p.add_argument("--timeout", type=float, default=1800.0, help="seconds per (model, seed)")
     p.add_argument("--child", nargs=2, metavar=("MODEL", "SEED"), help=argparse.SUPPRESS)
     p.add_argument("--table", metavar="JSONL", help="print the table of a finished run and exit")
+    p.add_argument("--checkpointing", choices=("off", "plain", "reentrant"), default="off",
+                   help="turn on gradient checkpointing (use_reentrant False or True) where a model supports it")
     args = p.parse_args(argv)
     if args.child:
-        print(json.dumps(child(args.child[0], int(args.child[1])), default=str), flush=True)
+        print(json.dumps(child(args.child[0], int(args.child[1]), args.checkpointing), default=str), flush=True)
         return 0
     if args.table:
         with open(args.table, encoding="utf-8") as fh:
@@ -341,7 +353,7 @@ def main(argv=None):
     rows = []
     for name in args.models:
         for seed in args.seeds:
-            row = _run_one(name, seed, args.timeout)
+            row = _run_one(name, seed, args.timeout, args.checkpointing)
             rows.append(row)
             with open(args.out, "a", encoding="utf-8") as fh:
                 fh.write(json.dumps(row, default=str) + "\n")

@@ -35,12 +35,13 @@ class TorchFacts:
     draw_indices: list | None = None  # their numbers in the whole graph (None: 0, 1, 2 ...)
     recorded: dict | None = None  # when given: "random_values" handed out, in order
     pinned: frozenset = frozenset()  # the graph's numbers of the draws a traced branch depends on (Draws.pinned)
+    redrawn: list | None = None  # where what a recompute inside the backward draws anew is told (Draws.redrawn)
 
     @classmethod
     def of(cls, seed: int, graph_draws, indices: list | None = None, recorded: dict | None = None) -> TorchFacts:
         """The facts of a call that makes the graph's draws ``indices`` (``randomness.Draws``; None: all of them)."""
         expected = graph_draws.expected if indices is None else [graph_draws.expected[k] for k in indices]
-        return cls(seed, expected, indices, recorded, graph_draws.pinned)
+        return cls(seed, expected, indices, recorded, graph_draws.pinned, graph_draws.redrawn)
 
 
 def call_torch(module, state: dict, args: tuple, kwargs: dict, training: bool, facts: TorchFacts):
@@ -77,7 +78,7 @@ def call_torch(module, state: dict, args: tuple, kwargs: dict, training: bool, f
         if run_dtype is not None:
             torch.set_default_dtype(run_dtype)
         draws = setup.enter_context(randomness.CaseRandom(facts.seed, facts.draws, facts.draw_indices,
-                                                          facts.recorded, facts.pinned))
+                                                          facts.recorded, facts.pinned, facts.redrawn))
         functions = setup.enter_context(TorchFunctions(run_dtype))
         functions.start_forward()
         setup.enter_context(_recomputed_under(functions))
@@ -288,13 +289,13 @@ class TorchFunctions:
         at = randomness.forward_position() if self.recompute else None
         if at is None or at.kinks >= state.position:
             out = run()
-            randomness.set_forward_position(kinks=state.position)
+            randomness.set_forward_position(kinks=state.position, over_module_seed=False)
             return out
         end, crossed = state.position, len(state.crossed)
         state.position = at.kinks
         try:
             out = run()
-            randomness.set_forward_position(kinks=state.position)
+            randomness.set_forward_position(kinks=state.position, over_module_seed=False)
             return out
         finally:
             state.position = end

@@ -46,7 +46,8 @@ from gradcheck.tree import join, leaves_with_paths, owner_of
 # output's scale: far looser than float64's rounding of a decomposition, far tighter than another computation.
 CACHE_CHECK_RTOL = 1e-6
 
-_RESERVED = frozenset(dir(Module)) | {"training", "_frozen", "_program", "_dropout_seed", "_unit", "record_calls", "found_notes", "found_origin"}
+_RESERVED = frozenset(dir(Module)) | {"training", "_frozen", "_program", "_dropout_seed", "_unit", "record_calls",
+                                      "found_notes", "found_origin", "run_notes"}
 
 
 class TorchModule(Module):
@@ -81,6 +82,11 @@ class TorchModule(Module):
                                   message=f"forward divergence at {path or '(model)'} ({kind}): torch's own kernel "
                                           f"computes something else: {graph.kernel_faults[node.name]}")
         return None
+
+    def run_notes(self) -> list[str]:
+        """What torch's runs found that the case's notes must say: a recompute inside the backward that drew
+        anew (``randomness.Draws.redrawn``)."""
+        return [message for graph in self._program.graphs() for message in graph.draws.redrawn]
 
     def found_notes(self) -> list[str]:
         """What the graph checks found on the run's first float64 call that the case's notes must say: a torch

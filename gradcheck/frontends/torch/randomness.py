@@ -65,6 +65,7 @@ _TAG = 0x52414E44  # "RAND": separates these streams from the dropout masks' (se
 # next.  Gradient checkpointing puts back the generator of a segment's start before it recomputes the segment inside
 # the backward, and so says which draws, of which call, and which kink decisions the recompute repeats.
 _AT = 0x5241 << 48
+_ANEW = 1 << 40  # the numbers of the draws a recompute makes anew (CaseRandom._anew), past any graph's own
 
 
 @dataclass(frozen=True)
@@ -82,15 +83,20 @@ def forward_position() -> Position | None:
     return Position(at >> 40, (at >> 20) & 0xFFFFF, at & 0xFFFFF) if 0 <= at < 1 << 48 else None
 
 
-def set_forward_position(call: int | None = None, draws: int | None = None, kinks: int | None = None) -> None:
+def set_forward_position(call: int | None = None, draws: int | None = None, kinks: int | None = None,
+                         over_module_seed: bool = True) -> None:
     """Say in torch's generator where the forward is (None: as it says now, or last said where the module seeded
-    torch itself since)."""
+    torch itself since).  ``over_module_seed=False`` leaves a seed the module gave torch in place (its draws
+    are matched by it, ``CaseRandom._position``) and keeps the position for the next time it is said."""
     import torch
 
-    now = forward_position() or _said[0]
+    now = forward_position()
+    mine = now is not None
+    now = now or _said[0]
     _said[0] = at = Position(now.call if call is None else call, now.draws if draws is None else draws,
                              now.kinks if kinks is None else kinks)
-    torch.default_generator.manual_seed(_AT + (at.call << 40) + (at.draws << 20) + at.kinks)
+    if mine or over_module_seed:
+        torch.default_generator.manual_seed(_AT + (at.call << 40) + (at.draws << 20) + at.kinks)
 
 
 _said = [Position(0, 0, 0)]
@@ -444,6 +450,9 @@ class Draws:
         self.expected = [node_spec(n) for n in random_nodes]
         decided = _deciding(nodes)
         self.pinned = frozenset(k for k, n in enumerate(random_nodes) if n.name in decided)
+        # What torch's runs drew anew inside a backward (a recompute that repeats no draw of its forward): each
+        # message once, for the case's notes (TorchModule.run_notes).
+        self.redrawn: list[str] = []
 
     def __len__(self):
         return len(self.expected)
@@ -545,7 +554,7 @@ class CaseRandom:
     """
 
     def __init__(self, seed: int, expected: list | None, indices: list[int] | None = None,
-                 recorded: dict | None = None, pinned=frozenset()):
+                 recorded: dict | None = None, pinned=frozenset(), redrawn: list | None = None):
         from torch.utils._python_dispatch import TorchDispatchMode
 
         outer = self
@@ -583,6 +592,8 @@ class CaseRandom:
         self._caller_generator = None
         self._seeded: dict[int, int] = {}  # a seed the module gave torch itself -> the first draw made from it
         self.call: int | None = None  # this call's number in torch's generator (forward_position), in torch's runs
+        self.redrawn = redrawn  # where a draw made anew inside the backward is told (None: it is an error)
+        self.anew = 0  # how many it made
 
     def __enter__(self):
         import torch
@@ -653,25 +664,16 @@ class CaseRandom:
             kind, shape = "uniform", tuple(int(d) for d in args[0].shape)
         else:
             kind, shape = spec(name, bind(func._schema, args, kwargs))
+        if self.finished and (k >= len(self.expected)
+                              or (again and (self.expected[k][1], tuple(self.expected[k][2])) != (kind, shape))):
+            return self._anew(func, args, kwargs, k, again, name, kind, shape)
         if self.expected is not None and k >= len(self.expected):
-            if self.finished:
-                raise RuntimeError(
-                    f"the module made random draw #{k + 1} ({name}, shape {shape}) during torch's backward, after "
-                    f"the forward's {len(self.expected)}: a recompute of the forward inside the backward (gradient "
-                    "checkpointing) drew new numbers, so torch's gradient is not the forward's; checkpoint with "
-                    "preserve_rng_state=True, which repeats the forward's draws")
             raise RuntimeError(f"the module made random draw #{k + 1} ({name}, shape {shape}) but its exported "
                                f"graph has {len(self.expected)}; the forward differs between calls (capture it "
                                "again)")
         # The draw's kind and shape are what align the two sides: the graph may hold another op for the same
         # draw (bernoulli(p) decomposes into rand < p; normal_ becomes normal_functional).
         want, want_kind, want_shape = self.expected[k] if self.expected is not None else (name, kind, shape)
-        if (want_kind, tuple(want_shape)) != (kind, shape) and again:
-            raise RuntimeError(f"random draw #{k + 1}, recomputed inside torch's backward (gradient checkpointing, a "
-                               f"reversible layer): the module calls {name} for a {kind} draw of shape {shape} "
-                               f"where its forward made a {want_kind} draw of shape {tuple(want_shape)}: the "
-                               "recompute draws differently from its forward, so torch's gradient is not the "
-                               "forward's")
         if (want_kind, tuple(want_shape)) != (kind, shape):
             raise RuntimeError(f"random draw #{k + 1}: the module calls {name} for a {kind} draw of shape {shape}, "
                                f"its graph {want} for a {want_kind} draw of shape {tuple(want_shape)}; the forward "
@@ -688,6 +690,33 @@ class CaseRandom:
             kept = keep_factors(base, drop_probability(name, args, kwargs)) if name in _DROPOUTS else out
             self.recorded.setdefault("random_values", []).append(torch.as_tensor(kept).detach().clone())
         return out
+
+    def _anew(self, func, args, kwargs, k, again, name, kind, shape):
+        """A draw inside the backward that repeats none of the forward's: new numbers, as torch's generator gives.
+
+        A recompute (gradient checkpointing with ``preserve_rng_state=False``,
+        a reversible layer that draws in another order than its forward) then
+        computes another function than the forward did, and torch's gradient
+        is not the forward's: torch is blamed, as it is in the user's run,
+        and the case's notes say why.
+        """
+        if again:
+            want = self.expected[k]
+            what = (f"draws {name} for a {kind} draw of shape {shape} where its forward made a {want[1]} draw of "
+                    f"shape {tuple(want[2])} (random draw #{k + 1})")
+        else:
+            what = f"makes a random draw ({name}, {kind}, shape {shape}) after the forward's {len(self.expected)}"
+        message = (f"torch's backward recomputes part of the forward (gradient checkpointing, a reversible layer) "
+                   f"and the recompute {what}: it computes with other random numbers than the forward, so torch's "
+                   "gradient is not the forward's (checkpoint with preserve_rng_state=True, and draw in the "
+                   "forward's order)")
+        if self.redrawn is None:
+            raise RuntimeError(message)
+        if message not in self.redrawn:
+            self.redrawn.append(message)
+        self.anew += 1
+        base = case_draw(self.seed, _ANEW + self.anew, kind, shape, frozenset())
+        return torch_value(func, args, kwargs, lambda kind, shp: base)
 
     @staticmethod
     def _captured(func, args, kwargs, base):
@@ -712,7 +741,7 @@ class CaseRandom:
         if self.expected is not None and self.k != len(self.expected):
             raise RuntimeError(f"the module made {self.k} random draws but its exported graph has "
                                f"{len(self.expected)}; the forward differs from the captured one")
-        self.finished = True
+        self.finished = self.expected is not None  # torch's run: what it draws from now on is a recompute's
 
 
 def _draws_inside(name, args, kwargs) -> bool:
