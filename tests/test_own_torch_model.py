@@ -854,3 +854,34 @@ def test_a_reversible_layer_that_seeds_torch_and_accumulates_its_own_grads_is_ch
         assert off == ["layer.0.bias", "layer.0.weight"] and res.origin.blame == ["torch"], failing(res)
     else:  # its recompute's draw taken as a new one
         _assert_recompute_drew_anew(res)
+
+
+class CheckpointedNorm(nn.Module):
+    def __init__(self, checkpointing):
+        super().__init__()
+        torch.manual_seed(0)
+        self.lin, self.bn, self.head = nn.Linear(8, 8), nn.BatchNorm1d(8), nn.Linear(8, 2)
+        self.checkpointing = checkpointing
+
+    def forward(self, x):
+        from torch.utils.checkpoint import checkpoint
+
+        def segment(t):
+            return torch.tanh(self.bn(self.lin(t)))
+
+        return self.head(checkpoint(segment, x, use_reentrant=False) if self.checkpointing else segment(x))
+
+
+@pytest.mark.parametrize("checkpointing", [True, False])
+def test_a_batchnorm_recomputed_in_the_backward_updates_its_statistics_twice_and_is_told(checkpointing):
+    x = torch.randn(6, 8, generator=torch.Generator().manual_seed(2))
+    res = run_case(from_torch(CheckpointedNorm(checkpointing), x), RunOptions(backends=ALL))
+    told = [n for n in res.notes if "writes the buffers" in n and "bn.running_mean" in n and "bn.running_var" in n]
+    if not checkpointing:  # the control: one update, as the forward says
+        assert_agree(res)
+        assert not told, res.notes
+        return
+    off = sorted(leaf.path for leaf in res.leaves if leaf.verdict == "disagree")
+    assert off == ["bn.running_mean", "bn.running_var"], failing(res)  # the gradients agree
+    assert all(leaf.blame == ["torch"] for leaf in res.leaves if leaf.verdict == "disagree"), failing(res)
+    assert told, res.notes

@@ -35,13 +35,13 @@ class TorchFacts:
     draw_indices: list | None = None  # their numbers in the whole graph (None: 0, 1, 2 ...)
     recorded: dict | None = None  # when given: "random_values" handed out, in order
     pinned: frozenset = frozenset()  # the graph's numbers of the draws a traced branch depends on (Draws.pinned)
-    redrawn: list | None = None  # where what a recompute inside the backward draws anew is told (Draws.redrawn)
+    recomputed: list | None = None  # where what a recompute inside the backward did anew is told (Draws.recomputed)
 
     @classmethod
     def of(cls, seed: int, graph_draws, indices: list | None = None, recorded: dict | None = None) -> TorchFacts:
         """The facts of a call that makes the graph's draws ``indices`` (``randomness.Draws``; None: all of them)."""
         expected = graph_draws.expected if indices is None else [graph_draws.expected[k] for k in indices]
-        return cls(seed, expected, indices, recorded, graph_draws.pinned, graph_draws.redrawn)
+        return cls(seed, expected, indices, recorded, graph_draws.pinned, graph_draws.recomputed)
 
 
 def call_torch(module, state: dict, args: tuple, kwargs: dict, training: bool, facts: TorchFacts):
@@ -78,7 +78,7 @@ def call_torch(module, state: dict, args: tuple, kwargs: dict, training: bool, f
         if run_dtype is not None:
             torch.set_default_dtype(run_dtype)
         draws = setup.enter_context(randomness.CaseRandom(facts.seed, facts.draws, facts.draw_indices,
-                                                          facts.recorded, facts.pinned, facts.redrawn))
+                                                          facts.recorded, facts.pinned, facts.recomputed))
         functions = setup.enter_context(TorchFunctions(run_dtype))
         functions.start_forward()
         setup.enter_context(_recomputed_under(functions))
@@ -91,6 +91,8 @@ def call_torch(module, state: dict, args: tuple, kwargs: dict, training: bool, f
                 raise RuntimeError(_no_float64(module, exc)) from exc
             raise
         draws.finish()
+        if facts.recomputed is not None:
+            setup.callback(_buffers_written_again(state, facts.recomputed))  # first undone: after the backward
     except BaseException:
         setup.close()
         raise
@@ -132,6 +134,37 @@ def _recomputed_under(functions: TorchFunctions):
             del reentrant.apply
         else:
             reentrant.apply = own
+
+
+def _buffers_written_again(state: dict, told: list):
+    """A check, made when the backward is done, that it wrote none of the call's buffers (``state``'s tensors that
+    take no gradient); where it did, say so in ``told``.
+
+    A recompute inside the backward (gradient checkpointing) runs a
+    training-mode BatchNorm again, and torch updates its running statistics
+    once more: torch's buffers after the step are then not the forward's, and
+    a comparison of them blames torch.  That is what torch does to the user's
+    model, so it stays the verdict; the note says where it comes from.
+    """
+    import torch
+
+    # The values, not the version counters: a BatchNorm kernel writes its running statistics without a version bump.
+    before = {name: t.detach().clone() for name, t in state.items()
+              if isinstance(t, torch.Tensor) and not t.requires_grad}
+
+    def check():
+        again = [name.removeprefix("module.") for name, t in state.items()  # the capture wrapper's child name
+                 if name in before and not torch.equal(t.detach(), before[name]) and not before[name].isnan().any()]
+        if again:
+            names = ", ".join(again[:3]) + (f" and {len(again) - 3} more" if len(again) > 3 else "")
+            message = (f"torch's backward recomputes part of the forward (gradient checkpointing) and writes the "
+                       f"buffers {names} again: a training-mode BatchNorm updates its running statistics once more in "
+                       "each recompute, as torch does to the model under checkpointing, so torch's buffers after the "
+                       "step are not the forward's")
+            if message not in told:
+                told.append(message)
+
+    return check
 
 
 def _restore_training(module, was: list) -> None:
@@ -246,10 +279,10 @@ class TorchFunctions:
         """``function`` run under an equal of this mode where none is in effect: recomputed inside a backward."""
         from torch.overrides import _get_current_function_mode_stack
 
-        run_dtype = self.run_dtype
+        run_dtype, own = self.run_dtype, self._mode_type.__qualname__
 
         def run(*args, **kwargs):
-            if any(type(m).__qualname__ == self._mode_type.__qualname__ for m in _get_current_function_mode_stack()):
+            if any(type(m).__qualname__ == own for m in _get_current_function_mode_stack()):
                 return function(*args, **kwargs)
             with TorchFunctions(run_dtype, recompute=True):
                 return function(*args, **kwargs)

@@ -85,8 +85,8 @@ class TorchModule(Module):
 
     def run_notes(self) -> list[str]:
         """What torch's runs found that the case's notes must say: a recompute inside the backward that drew
-        anew (``randomness.Draws.redrawn``)."""
-        return [message for graph in self._program.graphs() for message in graph.draws.redrawn]
+        anew or wrote a buffer again (``randomness.Draws.recomputed``)."""
+        return [message for graph in self._program.graphs() for message in graph.draws.recomputed]
 
     def found_notes(self) -> list[str]:
         """What the graph checks found on the run's first float64 call that the case's notes must say: a torch

@@ -450,9 +450,9 @@ class Draws:
         self.expected = [node_spec(n) for n in random_nodes]
         decided = _deciding(nodes)
         self.pinned = frozenset(k for k, n in enumerate(random_nodes) if n.name in decided)
-        # What torch's runs drew anew inside a backward (a recompute that repeats no draw of its forward): each
-        # message once, for the case's notes (TorchModule.run_notes).
-        self.redrawn: list[str] = []
+        # What torch's runs found a recompute inside the backward did that its forward did not (a draw made anew, a
+        # buffer written again): each message once, for the case's notes (TorchModule.run_notes).
+        self.recomputed: list[str] = []
 
     def __len__(self):
         return len(self.expected)
@@ -554,7 +554,7 @@ class CaseRandom:
     """
 
     def __init__(self, seed: int, expected: list | None, indices: list[int] | None = None,
-                 recorded: dict | None = None, pinned=frozenset(), redrawn: list | None = None):
+                 recorded: dict | None = None, pinned=frozenset(), recomputed: list | None = None):
         from torch.utils._python_dispatch import TorchDispatchMode
 
         outer = self
@@ -592,7 +592,7 @@ class CaseRandom:
         self._caller_generator = None
         self._seeded: dict[int, int] = {}  # a seed the module gave torch itself -> the first draw made from it
         self.call: int | None = None  # this call's number in torch's generator (forward_position), in torch's runs
-        self.redrawn = redrawn  # where a draw made anew inside the backward is told (None: it is an error)
+        self.recomputed = recomputed  # where a draw made anew inside the backward is told (None: it is an error)
         self.anew = 0  # how many it made
 
     def __enter__(self):
@@ -710,10 +710,10 @@ class CaseRandom:
                    f"and the recompute {what}: it computes with other random numbers than the forward, so torch's "
                    "gradient is not the forward's (checkpoint with preserve_rng_state=True, and draw in the "
                    "forward's order)")
-        if self.redrawn is None:
+        if self.recomputed is None:
             raise RuntimeError(message)
-        if message not in self.redrawn:
-            self.redrawn.append(message)
+        if message not in self.recomputed:
+            self.recomputed.append(message)
         self.anew += 1
         base = case_draw(self.seed, _ANEW + self.anew, kind, shape, frozenset())
         return torch_value(func, args, kwargs, lambda kind, shp: base)
