@@ -289,6 +289,8 @@ def child(name: str, seed: int, checkpointing: str = "off") -> dict:
                disagreeing=[{"path": leaf.path, "verdict": leaf.verdict, "blame": list(leaf.blame),
                              "message": leaf.message[:600]}
                             for leaf in res.leaves if leaf.verdict != "agree"][:12],
+               disagreeing_roles=dict(collections.Counter(leaf.role for leaf in res.leaves
+                                                          if leaf.verdict == "disagree")),
                wall_s=round(time.perf_counter() - t0, 2))
     row["clean"] = (res.verdict == "agree" and not res.unavailable and not res.errors
                     and res.float32 != "imprecise")

@@ -885,3 +885,35 @@ def test_a_batchnorm_recomputed_in_the_backward_updates_its_statistics_twice_and
     assert off == ["bn.running_mean", "bn.running_var"], failing(res)  # the gradients agree
     assert all(leaf.blame == ["torch"] for leaf in res.leaves if leaf.verdict == "disagree"), failing(res)
     assert told, res.notes
+
+
+class HookedEmbeddings(nn.Module):
+    """transformers' ``enable_input_require_grads()`` (``gradient_checkpointing_enable()`` calls it): a hook on the
+    input embeddings runs ``output.requires_grad_(True)``; and a branch torch.export refuses, so the module is
+    traced at the example, under functionalisation."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.emb, self.lin = nn.Embedding(10, 8), nn.Linear(8, 2)
+        self.emb.register_forward_hook(lambda module, args, output: output.requires_grad_(True))
+
+    def forward(self, ids):
+        h = self.emb(ids)
+        if h.sum() > 0:
+            h = torch.tanh(h)
+        return self.lin(h)
+
+
+def test_requires_grad_set_in_a_hook_is_traced_at_the_example_and_checked(monkeypatch):
+    ids = torch.randint(0, 10, (3, 5), generator=torch.Generator().manual_seed(0))
+    case = from_torch(HookedEmbeddings(), ids)
+    assert any("traced at the example inputs instead" in note for note in case.notes), case.notes
+    assert_agree(run_case(case, RunOptions(backends=ALL)))
+    # the control: with the call traced as written, functionalisation refuses it
+    from gradcheck.frontends.torch import capture
+
+    monkeypatch.setattr(capture, "_requires_grad_unchanged", contextlib.nullcontext)
+    monkeypatch.setenv("GRADCHECK_NO_CACHE", "1")  # captured again, not read back
+    with pytest.raises(capture.CaptureError, match="requires_grad_"):
+        from_torch(HookedEmbeddings(), ids)

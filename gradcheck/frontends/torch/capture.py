@@ -450,7 +450,7 @@ def trace_at_example(wrapper: _Forward, example_inputs: tuple, table) -> _Traced
     values = ([p.detach() for _, p in params], [b.detach().clone() for _, b in buffers])
     # The forward's draws are the capture's (randomness.BRANCH_SEED): a branch on one (LayerDrop) is taken as
     # every backend's pinned draw will take it (randomness.Draws.pinned); both traces draw the same values.
-    with randomness.CaseRandom(randomness.BRANCH_SEED, None):
+    with randomness.CaseRandom(randomness.BRANCH_SEED, None), _requires_grad_unchanged():
         module = make_fx(torch.func.functionalize(f), decomposition_table=table, tracing_mode="real",
                          record_stack_traces=True, _error_on_data_dependent_ops=False)(*values, *example_inputs)
     with randomness.CaseRandom(randomness.BRANCH_SEED, None):
@@ -475,6 +475,30 @@ def trace_at_example(wrapper: _Forward, example_inputs: tuple, table) -> _Traced
     traced = _Traced(module, input_specs, output_specs)
     traced.constants.update(constants)
     return traced
+
+
+@contextlib.contextmanager
+def _requires_grad_unchanged():
+    """``Tensor.requires_grad_`` does nothing while the module is traced at the example.
+
+    transformers' ``enable_input_require_grads()`` (which
+    ``gradient_checkpointing_enable()`` calls) hooks the input embeddings to
+    run ``output.requires_grad_(True)``, and functionalisation refuses that on
+    the tensors it traces ("call requires_grad_() outside of a function being
+    transformed").  A flag changes no value the graph computes: the graph
+    differentiates every path from its placeholders, and a cut path is a
+    ``detach`` node.  torch's own runs of the module keep the call.
+    """
+    original = torch.Tensor.requires_grad_
+
+    def requires_grad_(self, requires_grad=True):
+        return self
+
+    torch.Tensor.requires_grad_ = requires_grad_
+    try:
+        yield
+    finally:
+        torch.Tensor.requires_grad_ = original
 
 
 def _functional(module, values: tuple, example_inputs: tuple):
