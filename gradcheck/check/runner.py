@@ -288,7 +288,8 @@ def run_case(case: Case, options: RunOptions | None = None) -> CaseResult:
         res.verdict = "error"
         return res
     runs = _run_backends(cr, options, res)
-    # What a model's own runs found that the case's notes must say (a from_torch recompute that drew anew).
+    # What a model's own runs found that the case's notes must say (a from_torch recompute that drew anew, or
+    # wrote a buffer again).
     late = getattr(cr.model, "run_notes", None)
     res.notes.extend(n for n in (late() if callable(late) else []) if n not in res.notes)
     try:
