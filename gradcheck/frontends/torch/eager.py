@@ -91,7 +91,7 @@ def call_torch(module, state: dict, args: tuple, kwargs: dict, training: bool, f
                 raise RuntimeError(_no_float64(module, exc)) from exc
             raise
         draws.finish()
-        if facts.recomputed is not None:
+        if facts.recomputed is not None and torch.is_grad_enabled():  # no backward follows a no_grad call
             setup.callback(_buffers_written_again(state, facts.recomputed))  # first undone: after the backward
     except BaseException:
         setup.close()
