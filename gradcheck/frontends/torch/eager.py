@@ -107,29 +107,40 @@ def _recomputed_under(functions: TorchFunctions):
     torch's function modes do not reach into a backward (its dispatch modes,
     ``CaseRandom``, do), so a segment that ``torch.utils.checkpoint``
     recomputes there would miss the run's float dtype and the pinned kinks,
-    and differ from its forward.  Its two entry points (looked up by name at
-    each call) are handed each segment's function wrapped to enter them again.
+    and differ from its forward.  Its entry points (looked up by name at each
+    call) are handed each segment's function wrapped to enter them again:
+    ``CheckpointFunction`` (reentrant) and every generator of the
+    non-reentrant path, which torch renames between versions
+    (``_checkpoint_without_reentrant_generator`` up to 2.13,
+    ``_checkpoint_without_reentrant_generator_impl`` from 2.14); each takes the
+    segment's function first.  A function wrapped twice enters the mode once
+    (``TorchFunctions.again``).
     """
     try:
         from torch.utils import checkpoint as ckpt
 
-        reentrant, plain = ckpt.CheckpointFunction, ckpt._checkpoint_without_reentrant_generator
-    except (ImportError, AttributeError):  # a torch without them: its recompute runs without the function mode
+        reentrant = ckpt.CheckpointFunction
+    except (ImportError, AttributeError):  # a torch without it: its recompute runs without the function mode
         yield
         return
+    generators = {name: f for name, f in vars(ckpt).items()
+                  if name.startswith("_checkpoint_without_reentrant_generator") and callable(f)}
     own = reentrant.__dict__.get("apply")
 
     def apply(cls, function, *rest):
         return super(reentrant, cls).apply(functions.again(function), *rest)
 
-    def without_reentrant(function, *rest, **kwargs):
-        return plain(functions.again(function), *rest, **kwargs)
+    def without_reentrant(generator):
+        return lambda function, *rest, **kwargs: generator(functions.again(function), *rest, **kwargs)
 
-    reentrant.apply, ckpt._checkpoint_without_reentrant_generator = classmethod(apply), without_reentrant
+    reentrant.apply = classmethod(apply)
+    for name, generator in generators.items():
+        setattr(ckpt, name, without_reentrant(generator))
     try:
         yield
     finally:
-        ckpt._checkpoint_without_reentrant_generator = plain
+        for name, generator in generators.items():
+            setattr(ckpt, name, generator)
         if own is None:
             del reentrant.apply
         else:
