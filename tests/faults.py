@@ -108,3 +108,25 @@ def wrong_sin_gradient(monkeypatch, backend: str, factor: float) -> None:
 
         sin.defvjp(lambda x: (jax.numpy.sin(x), x), lambda x, g: (g * jax.numpy.cos(x) * factor,))
         monkeypatch.setattr(jax_ops, "sin", sin)
+
+
+def float32_gradient(monkeypatch, backend: str, path: str, change) -> None:
+    """That backend's float32 gradient of leaf ``path`` replaced by ``change(gradient)`` as it returns, where only
+    the float32 measurement can see it (its float64 run untouched); ``change`` returning None removes it."""
+    import numpy as np
+
+    driver = get_backend(backend)
+    original = driver.evaluate
+
+    def evaluate(f, args, prefixes=None, **kw):
+        ev = original(f, args, prefixes, **kw)
+        g = ev.grads.get(path)
+        if g is not None and np.asarray(g).dtype == np.float32:
+            changed = change(np.asarray(g))
+            if changed is None:
+                del ev.grads[path]
+            else:
+                ev.grads[path] = changed
+        return ev
+
+    monkeypatch.setattr(driver, "evaluate", evaluate)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 
+import faults
 import numpy as np
 import pytest
 
@@ -214,43 +215,21 @@ def test_imprecise_fails_the_case_when_asked():
 
 
 # ---------------------------------------------------------------- float32 measured as it returns
-@contextlib.contextmanager
-def float32_gradient_fault(backend: str, fault: str, path: str = "0.weight"):
-    """One backend's float32 gradient of ``path`` made wrong where only the float32 measurement can see it:
-    ``imprecise`` (off by 3e-3 of itself), ``float64`` (the right values, typed float64) or ``missing``."""
-    from gradcheck.backends import get_backend
-
-    driver = get_backend(backend)
-    original = driver.evaluate
-
-    def evaluate(f, args, prefixes=None, **kw):
-        ev = original(f, args, prefixes, **kw)
-        g = ev.grads.get(path)
-        if g is None or np.asarray(g).dtype != np.float32:
-            return ev
-        g = np.asarray(g)
-        if fault == "missing":
-            del ev.grads[path]
-        else:
-            ev.grads[path] = (g * np.float32(1 + 3e-3)) if fault == "imprecise" else g.astype(np.float64)
-        return ev
-
-    driver.evaluate = evaluate
-    try:
-        yield
-    finally:
-        del driver.evaluate
+# Each fault is made where only the float32 measurement can see it: ``imprecise`` (off by 3e-3 of itself),
+# ``float64`` (the right values, typed float64) or ``missing``.
+FLOAT32_FAULTS = {"imprecise": lambda g: g * np.float32(1 + 3e-3), "float64": lambda g: g.astype(np.float64),
+                  "missing": lambda g: None}
 
 
 @pytest.mark.parametrize("backend", ALL)
 @pytest.mark.parametrize("fault,expected", [("imprecise", "imprecise"), ("float64", "structural"),
                                             ("missing", "structural")])
-def test_a_float32_gradient_fault_is_found_on_each_backend(backend, fault, expected):
+def test_a_float32_gradient_fault_is_found_on_each_backend(monkeypatch, backend, fault, expected):
     """The runner measures each backend's float32 gradients against its float64 ones as they return
     (runner._measured32) and holds only the measurement: that is enough to find each fault, on the backend it is
     on, and float64's verdict stays untouched."""
-    with float32_gradient_fault(backend, fault):
-        r = run_case(CONV_CASE, RunOptions(backends=ALL))
+    faults.float32_gradient(monkeypatch, backend, "0.weight", FLOAT32_FAULTS[fault])
+    r = run_case(CONV_CASE, RunOptions(backends=ALL))
     w = leaf(r, "0.weight")
     assert w.float32.verdict == expected and w.float32.imprecise == [backend], w.float32
     if fault == "imprecise":

@@ -34,6 +34,7 @@ from __future__ import annotations
 import numpy as np
 
 UNIT = 2.0 ** -53  # float64's unit roundoff
+UNIT32 = 2.0 ** -24  # float32's
 # Two correct backends' float64 results differ by the rounding of every op either computes, carried by the
 # model; the probe measures one such rounding at the inputs.  On EfficientNet-B0 at 32x32 the backends'
 # differences were 1.4 to 2.9 times the probe's spread over 166 leaves (docs/decisions.md); the factor leaves
@@ -145,4 +146,42 @@ def within_reach(leaf, spreads: dict[str, float]) -> bool:
     leaf.message = (f"agrees within float64's reach here: a unit roundoff at the inputs moves this {what} by "
                     f"{leaf.rounding:.2g} of its norm (median over {len(measured)} backends), and "
                     f"{' and '.join(parts)}, within {SPREAD_FACTOR:g}x that; float64 cannot tell them apart here")
+    return True
+
+
+def float32_within_reach(leaf, spreads: dict[str, float]) -> bool:
+    """Whether the backends a leaf's float32 part finds imprecise are off by no more than float32's own rounding,
+    amplified at this point, can move the leaf; if so they are not imprecise, and the part says why.
+
+    float32's precision is measured against float64 (``verdict.float32_part``), and a backend is imprecise when
+    its error is more than ``factor`` times the best backend's plus a floor.  At a point that amplifies rounding
+    that comparison reads noise: a gradient that is a sum of large terms cancelling to a small one (the scale of
+    a layer whose output a batch-statistics BatchNorm normalises: exactly zero but for the norm's epsilon) is
+    computed by every float32 backend with an error of the order of the terms, and which backend happened to land
+    closest says nothing about the others.  The probe measures that amplification (``spread``: the relative move
+    of the float64 result when every input moves by one float64 unit roundoff); float32 rounds every value
+    ``UNIT32 / UNIT`` times as coarsely, so ``SPREAD_FACTOR`` times that spread, scaled so, is what float32 can
+    reach here, and an error within it is rounding.  A well-conditioned leaf moves by ~1e-15 under the probe, a
+    float32 reach of ~1e-5: an imprecise kernel there (a reduction in half precision, 1e-3) is still caught.
+    """
+    part = leaf.float32
+    measured = [s for s in spreads.values() if s > 0]
+    if part is None or part.verdict != "imprecise" or not measured:
+        return False
+    rounding = float(np.median(measured))
+    reach = SPREAD_FACTOR * rounding * (UNIT32 / UNIT)
+    within = [n for n in part.imprecise if part.errors.get(n, np.inf) <= reach]
+    if not within:
+        return False
+    part.limit = max(part.limit, reach)
+    part.imprecise = [n for n in part.imprecise if n not in within]
+    what = "value" if leaf.role in ("output", "buffer") else "gradient"
+    said = (f"within float32's reach here: a float64 unit roundoff at the inputs moves this {what} by "
+            f"{rounding:.2g} of its norm (median over {len(measured)} backends), so float32's rounding moves it by "
+            f"up to {reach:.2g} ({SPREAD_FACTOR:g}x that, times {UNIT32 / UNIT:.0f}); "
+            + ", ".join(f"{n}'s float32 error {part.errors[n]:.2g}" for n in within) + " lies within it")
+    if part.imprecise:
+        part.message = f"{part.message}; {said}"
+    else:
+        part.verdict, part.message = "ok", said
     return True

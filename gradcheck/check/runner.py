@@ -575,8 +575,11 @@ def _compare(cr: CaseRun, runs: dict[str, BackendRun], options: RunOptions, res:
     for leaf in res.leaves:
         if leaf.role != "referee" and id(leaf) not in decided:
             verdict.decide(leaf, names, checks.get(leaf.path))
-    # What still disagrees is held to float64's own reach at this point before anyone is blamed for it.
-    _within_reach(cr, runs, [leaf for leaf in res.leaves if leaf.verdict == "disagree" and leaf.role in _REACHED], res)
+    # What still disagrees is held to float64's own reach at this point before anyone is blamed for it, and a
+    # float32 result that seems imprecise to float32's.
+    _within_reach(cr, runs, [leaf for leaf in res.leaves if leaf.verdict == "disagree" and leaf.role in _REACHED],
+                  res, [leaf for leaf in res.leaves if leaf.float32 is not None
+                        and leaf.float32.verdict == "imprecise" and leaf.role in _REACHED])
     for leaf in res.leaves:
         if leaf.role != "referee":
             # Two float32 calls may differ by a reordered reduction's rounding (an atomic add): what counts is
@@ -609,23 +612,26 @@ def _reached_value(ev, leaf: LeafResult):
     return ev.grads.get(leaf.path, MISSING)
 
 
-def _within_reach(cr: CaseRun, runs: dict[str, BackendRun], leaves: list[LeafResult], res: CaseResult) -> None:
-    """Leaves the backends disagree on, held to float64's reach at this point: each backend's float64 gradient
-    once more with every float leaf moved by a unit roundoff (gradcheck.check.conditioning).  One more float64
-    evaluation per backend, only when some gradient disagrees."""
-    if not leaves or len(runs) < 2:
+def _within_reach(cr: CaseRun, runs: dict[str, BackendRun], leaves: list[LeafResult], res: CaseResult,
+                  float32: list[LeafResult] = ()) -> None:
+    """Leaves the backends disagree on, held to float64's reach at this point, and leaves whose float32 results
+    seem imprecise, held to float32's: each backend's float64 gradient once more with every float leaf moved by
+    a unit roundoff (gradcheck.check.conditioning).  One more float64 evaluation per backend, only when some
+    leaf disagrees or seems imprecise."""
+    if not (leaves or float32) or len(runs) < 2:
         return
     moved = conditioning.perturbed(cr.float_leaves(), cr.case.seed)
     args = [replace_leaves(a, moved, p) for a, p in zip(cr.args64, cr.prefixes)]
     f64 = cr.f64
-    spreads: dict[str, dict[str, float]] = {leaf.path: {} for leaf in leaves}
+    probed = {id(leaf): leaf for leaf in [*leaves, *float32]}.values()
+    spreads: dict[str, dict[str, float]] = {leaf.path: {} for leaf in probed}
     for name, run in runs.items():
         try:
             ev = get_backend(name).evaluate(f64, args, cr.prefixes)
         except Exception as exc:  # the probe is a diagnosis: a failure leaves the verdicts as they are
             res.notes.append(f"float64's reach: {name} failed at the perturbed point ({short_error(exc)})")
             continue
-        for leaf in leaves:
+        for leaf in probed:
             before, after = _reached_value(run.ev64, leaf), _reached_value(ev, leaf)
             if before is not MISSING and after is not MISSING and before is not None and after is not None:
                 spreads[leaf.path][name] = conditioning.spread(before, after)
@@ -640,6 +646,12 @@ def _within_reach(cr: CaseRun, runs: dict[str, BackendRun], leaves: list[LeafRes
                          f"than rounding moves them at this point ({conditioning.SPREAD_FACTOR:g}x a unit roundoff's "
                          f"effect); they agree within float64's reach ({', '.join(held[:5])}"
                          f"{', ...' if len(held) > 5 else ''})")
+    rounded = [leaf.path for leaf in float32 if conditioning.float32_within_reach(leaf, spreads[leaf.path])]
+    if rounded:
+        res.notes.append(f"float32's reach: {len(rounded)} of {len(float32)} leaves whose float32 results seemed "
+                         "imprecise are off by no more than float32's rounding moves them at this point (float64's "
+                         f"probe, scaled to float32's unit roundoff): not imprecise ({', '.join(rounded[:5])}"
+                         f"{', ...' if len(rounded) > 5 else ''})")
 
 
 def _spread(a, b) -> float:
