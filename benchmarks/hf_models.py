@@ -25,20 +25,18 @@ checkpointing (``use_reentrant`` False or True) in every model that supports
 it: torch then recomputes each layer's forward, its dropout draws included,
 inside the backward.  A model that does not support it is run without.
 
-A run is "clean" when its verdict is ``agree`` with nothing unavailable, no
-error, and no float32 result that is imprecise (a warning, which does not
-fail the case unless ``imprecise="fail"``).
+A run is "clean" as ``third_party.py`` says (the harness this script shares
+with ``timm_models.py``).
 """
 
 from __future__ import annotations
 
-import argparse
-import collections
 import json
 import os
-import subprocess
 import sys
 import time
+
+import third_party
 
 VOCAB, SEQ, BATCH, IMAGE = 96, 8, 2, 32
 # The networks that downsample 32 times see 64x64: at 32x32 their last stages are 1x1, where a BatchNorm over a
@@ -261,9 +259,6 @@ def child(name: str, seed: int, checkpointing: str = "off") -> dict:
     """One model at one seed, in this process: built, captured, checked."""
     import torch
 
-    import gradcheck
-    from gradcheck.check.runner import RunOptions, run_case
-
     torch.manual_seed(seed)
     t0 = time.perf_counter()
     model, inputs, forward = MODELS[name](seed)
@@ -272,72 +267,14 @@ def child(name: str, seed: int, checkpointing: str = "off") -> dict:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": checkpointing == "reentrant"})
     model.train()
     row = {"model": name, "seed": seed, "class": type(model).__name__,
-           "params": sum(p.numel() for p in model.parameters()),
            "checkpointing": checkpointing if checkpointed else "off"}
-    case = gradcheck.from_torch(model, *inputs, forward=forward, name=name, seed=seed)
-    row["capture_s"] = round(time.perf_counter() - t0, 2)
-    res = run_case(case, RunOptions(backends=("tape", "torch", "jax")))
-    row.update(verdict=res.verdict, float32=res.float32, compared=res.compared, agreeing=res.agreeing,
-               leaves=len(res.leaves), unavailable=res.unavailable, errors=res.errors, notes=res.notes,
-               timings={b: {k: None if v is None else round(v, 2) for k, v in vars(t).items()}
-                        for b, t in res.timings.items()},
-               leaf_verdicts=dict(collections.Counter(leaf.verdict for leaf in res.leaves)),
-               float32_off=[{"path": leaf.path, "verdict": leaf.float32.verdict, "message": leaf.float32.message[:400]}
-                            for leaf in res.leaves
-                            if leaf.float32 is not None and leaf.float32.verdict not in ("ok", "unmeasured")][:12],
-               unpinned=list(res.unpinned),
-               disagreeing=[{"path": leaf.path, "verdict": leaf.verdict, "blame": list(leaf.blame),
-                             "message": leaf.message[:600]}
-                            for leaf in res.leaves if leaf.verdict != "agree"][:12],
-               disagreeing_roles=dict(collections.Counter(leaf.role for leaf in res.leaves
-                                                          if leaf.verdict == "disagree")),
-               wall_s=round(time.perf_counter() - t0, 2))
-    row["clean"] = (res.verdict == "agree" and not res.unavailable and not res.errors
-                    and res.float32 != "imprecise")
+    third_party.check(model, inputs, forward, name=name, seed=seed, row=row)
+    row["wall_s"] = round(time.perf_counter() - t0, 2)
     return row
 
 
-def _run_one(name, seed, timeout, checkpointing="off") -> dict:
-    t0 = time.perf_counter()
-    cmd = [sys.executable, os.path.abspath(__file__), "--child", name, str(seed), "--checkpointing", checkpointing]
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        return {"model": name, "seed": seed, "verdict": "timeout", "clean": False,
-                "wall_s": round(time.perf_counter() - t0, 1)}
-    for line in reversed(proc.stdout.splitlines()):
-        if line.startswith("{"):
-            return json.loads(line)
-    return {"model": name, "seed": seed, "verdict": "crash", "clean": False, "returncode": proc.returncode,
-            "stderr": proc.stderr[-3000:], "wall_s": round(time.perf_counter() - t0, 1)}
-
-
-def table(rows) -> str:
-    lines = ["| model | seed | verdict | float32 | agreeing / compared | unavailable | errors | wall s |",
-             "|---|---|---|---|---|---|---|---|"]
-    for r in rows:
-        unavailable = ", ".join(r.get("unavailable") or {}) or "none"
-        errors = ", ".join(r.get("errors") or {}) or "none"
-        lines.append(f"| {r['model']} | {r['seed']} | {r.get('verdict')} | {r.get('float32', '')} | "
-                     f"{r.get('agreeing', '-')} / {r.get('compared', '-')} | {unavailable} | {errors} | "
-                     f"{r.get('wall_s', '-')} |")
-    agree = sum(1 for r in rows if r.get("verdict") == "agree" and not r.get("unavailable") and not r.get("errors"))
-    warned = sum(1 for r in rows if r.get("verdict") == "agree" and r.get("float32") == "imprecise")
-    clean = sum(1 for r in rows if r.get("clean"))
-    lines.append(f"\n{agree} of {len(rows)} runs agree on all three backends with nothing unavailable; {warned} of "
-                 f"them warn of an imprecise float32 result; {clean} are clean (agree, nothing unavailable, no "
-                 "error, no float32 warning)")
-    return "\n".join(lines)
-
-
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--models", nargs="*", default=list(MODELS), choices=list(MODELS))
-    p.add_argument("--seeds", nargs="*", type=int, default=[0, 1, 2])
-    p.add_argument("--out", default="hf_models.jsonl", help="JSON lines, one per (model, seed); appended to")
-    p.add_argument("--timeout", type=float, default=1800.0, help="seconds per (model, seed)")
-    p.add_argument("--child", nargs=2, metavar=("MODEL", "SEED"), help=argparse.SUPPRESS)
-    p.add_argument("--table", metavar="JSONL", help="print the table of a finished run and exit")
+    p = third_party.parser(__doc__.split("\n\n")[0], MODELS, "hf_models.jsonl")
     p.add_argument("--checkpointing", choices=("off", "plain", "reentrant"), default="off",
                    help="turn on gradient checkpointing (use_reentrant False or True) where a model supports it")
     args = p.parse_args(argv)
@@ -345,25 +282,9 @@ def main(argv=None):
         print(json.dumps(child(args.child[0], int(args.child[1]), args.checkpointing), default=str), flush=True)
         return 0
     if args.table:
-        with open(args.table, encoding="utf-8") as fh:
-            text = fh.read()
-        if args.table.endswith(".jsonl"):
-            print(table([json.loads(line) for line in text.splitlines() if line.strip()]))
-        else:  # a kept run: {"runs": [...]} (benchmarks/results/hf_models.json)
-            print(table(json.loads(text)["runs"]))
+        third_party.print_table(args.table)
         return 0
-    rows = []
-    for name in args.models:
-        for seed in args.seeds:
-            row = _run_one(name, seed, args.timeout, args.checkpointing)
-            rows.append(row)
-            with open(args.out, "a", encoding="utf-8") as fh:
-                fh.write(json.dumps(row, default=str) + "\n")
-            print(f"{name} seed {seed}: {row.get('verdict')} clean={row.get('clean')} "
-                  f"{row.get('agreeing', '-')}/{row.get('compared', '-')} unavailable={list(row.get('unavailable') or {})} "
-                  f"errors={list(row.get('errors') or {})} {row.get('wall_s')} s", flush=True)
-    print(table(rows))
-    return 0 if all(r.get("clean") for r in rows) else 1
+    return third_party.sweep(os.path.abspath(__file__), args, ["--checkpointing", args.checkpointing])
 
 
 if __name__ == "__main__":
