@@ -679,10 +679,10 @@ def _close_now(monkeypatch):
     monkeypatch.setattr(eager, "hold", lambda setup: setup.close())
 
 
-def _no_function_mode_in_recompute(monkeypatch):
+def _no_function_mode_in_backward(monkeypatch):
     from gradcheck.frontends.torch import eager
 
-    monkeypatch.setattr(eager, "_recomputed_under", lambda functions: contextlib.nullcontext())
+    monkeypatch.setattr(eager, "_backward_under", lambda functions: contextlib.nullcontext())
 
 
 def _no_replay(monkeypatch):
@@ -700,7 +700,7 @@ def _autograd_grad_only(monkeypatch):
 @pytest.mark.filterwarnings("ignore:None of the inputs have requires_grad")
 @pytest.mark.parametrize("without, reentrant, says", [
     (_close_now, False, "must have the same dtype"),  # the recompute meets the module's own float32 parameters
-    (_no_function_mode_in_recompute, False, "must have the same dtype"),  # its cast makes float32 there
+    (_no_function_mode_in_backward, False, "must have the same dtype"),  # its cast makes float32 there
     (_autograd_grad_only, True, "incompatible with .grad()"),
 ])
 def test_without_each_part_of_the_held_call_torchs_recompute_fails(without, reentrant, says, monkeypatch):
@@ -841,7 +841,13 @@ def _no_seeded_replay(monkeypatch):
     monkeypatch.setattr(randomness.CaseRandom, "_position", lambda self: (self.k, False))
 
 
-@pytest.mark.parametrize("without", [None, _autograd_grad_only, _no_seeded_replay])
+def _no_seeded_kinks(monkeypatch):
+    from gradcheck.frontends.torch import eager
+
+    monkeypatch.setattr(eager, "_seeded_kinks", lambda state: {})
+
+
+@pytest.mark.parametrize("without", [None, _autograd_grad_only, _no_seeded_replay, _no_seeded_kinks])
 def test_a_reversible_layer_that_seeds_torch_and_accumulates_its_own_grads_is_checked(without, monkeypatch):
     if without is not None:
         without(monkeypatch)
@@ -849,11 +855,81 @@ def test_a_reversible_layer_that_seeds_torch_and_accumulates_its_own_grads_is_ch
                    RunOptions(backends=ALL))
     if without is None:
         assert_agree(res)
+        assert not res.unpinned, res.notes  # its backward's relu repeats the forward's pinned decision
+    elif without is _no_seeded_kinks:  # the backward's relu taken as a kink call the reference never made
+        assert_agree(res)
+        assert res.unpinned == ["torch"] and any("not pinned" in n for n in res.notes), res.notes
     elif without is _autograd_grad_only:  # autograd.grad takes none of the .grad the layer's backward accumulates
         off = sorted(leaf.path for leaf in res.leaves if leaf.verdict == "disagree")
         assert off == ["layer.0.bias", "layer.0.weight"] and res.origin.blame == ["torch"], failing(res)
     else:  # its recompute's draw taken as a new one
         _assert_recompute_drew_anew(res)
+
+
+class _MixedPrecisionRMSNorm(torch.autograd.Function):
+    """A fused RMSNorm's Python fallback, as mixed-precision libraries write it: the statistics in float32
+    (``.float()``) whatever the input's dtype, and a hand-written backward that computes in float32 too."""
+
+    @staticmethod
+    def forward(ctx, x, weight, eps, wrong):
+        xf = x.float()
+        r = torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+        ctx.save_for_backward(x, weight, r)
+        ctx.wrong = wrong
+        return (xf * r).to(x.dtype) * weight
+
+    @staticmethod
+    def backward(ctx, g):
+        x, weight, r = ctx.saved_tensors
+        gf, n = (g * weight).float(), x.float() * r
+        dx = r * (gf - n * (gf * n).mean(-1, keepdim=True)) * ctx.wrong
+        return dx.to(x.dtype), (g * n.to(x.dtype)).sum(0), None, None
+
+
+class MixedPrecisionNorm(nn.Module):
+    def __init__(self, wrong=1.0):
+        super().__init__()
+        torch.manual_seed(0)
+        self.lin, self.head = nn.Linear(8, 8), nn.Linear(8, 2)
+        self.weight = nn.Parameter(1 + 0.1 * torch.randn(8))
+        self.wrong = wrong
+
+    def forward(self, x):
+        return self.head(torch.tanh(_MixedPrecisionRMSNorm.apply(self.lin(x), self.weight, 1e-6, self.wrong)))
+
+
+def _mixed_precision_case(seed, wrong=1.0):
+    return from_torch(MixedPrecisionNorm(wrong), torch.randn(4, 8, generator=torch.Generator().manual_seed(seed)),
+                      seed=seed)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_a_custom_function_whose_backward_computes_in_float32_is_run_in_float64_and_agrees(seed):
+    """torch's function modes do not reach into a backward: without ``_backward_under`` the hand-written backward's
+    ``.float()`` rounds torch's float64 run to float32, and a right backward is blamed for it (the control)."""
+    res = run_case(_mixed_precision_case(seed), RunOptions(backends=ALL))
+    assert_agree(res)
+    assert res.float32 == "ok" and not res.unpinned, failing(res)
+
+
+def test_without_the_function_mode_in_the_backward_a_right_custom_backward_is_blamed(monkeypatch):
+    _no_function_mode_in_backward(monkeypatch)
+    res = run_case(_mixed_precision_case(1), RunOptions(backends=ALL))
+    off = [leaf for leaf in res.leaves if leaf.verdict == "disagree"]
+    assert off and all(leaf.blame == ["torch"] for leaf in off), failing(res)
+    assert all(leaf.pairs and max(p.rel_err_norm for p in leaf.pairs) < 1e-5 for leaf in off)  # float32's rounding
+
+
+@pytest.mark.parametrize("backend", ["torch", "tape", "jax"])
+def test_a_wrong_gradient_beside_a_custom_function_is_blamed_on_its_backend(backend, monkeypatch):
+    if backend == "tape":
+        _wrong_tape(monkeypatch)
+    elif backend == "jax":
+        _wrong_jax(monkeypatch)
+    res = run_case(_mixed_precision_case(2, wrong=1.001 if backend == "torch" else 1.0), RunOptions(backends=ALL))
+    assert not res.errors and not res.unavailable, failing(res)
+    off = [leaf for leaf in res.leaves if leaf.verdict == "disagree"]
+    assert off and all(leaf.blame == [backend] for leaf in off), failing(res)
 
 
 class CheckpointedNorm(nn.Module):

@@ -17,6 +17,7 @@ import contextlib
 import functools
 import inspect
 import re
+import weakref
 from dataclasses import dataclass
 
 from gradcheck import ops
@@ -81,7 +82,7 @@ def call_torch(module, state: dict, args: tuple, kwargs: dict, training: bool, f
                                                           facts.recorded, facts.pinned, facts.recomputed))
         functions = setup.enter_context(TorchFunctions(run_dtype))
         functions.start_forward()
-        setup.enter_context(_recomputed_under(functions))
+        setup.enter_context(_backward_under(functions))
         # functional_call's own binding, held open here rather than undone on return (see backends.torch.driver.hold)
         setup.enter_context(_reparametrize_module(module, state, tie_weights=True, strict=False))
         try:
@@ -101,39 +102,45 @@ def call_torch(module, state: dict, args: tuple, kwargs: dict, training: bool, f
 
 
 @contextlib.contextmanager
-def _recomputed_under(functions: TorchFunctions):
-    """Gradient checkpointing's recompute, inside the backward, under the call's ``TorchFunctions`` too.
+def _backward_under(functions: TorchFunctions):
+    """The Python that torch runs inside the call's backward, under the call's ``TorchFunctions`` too.
 
     torch's function modes do not reach into a backward (its dispatch modes,
-    ``CaseRandom``, do), so a segment that ``torch.utils.checkpoint``
-    recomputes there would miss the run's float dtype and the pinned kinks,
-    and differ from its forward.  Its entry points (looked up by name at each
-    call) are handed each segment's function wrapped to enter them again:
-    ``CheckpointFunction`` (reentrant) and every generator of the
-    non-reentrant path, which torch renames between versions
-    (``_checkpoint_without_reentrant_generator`` up to 2.13,
-    ``_checkpoint_without_reentrant_generator_impl`` from 2.14); each takes the
-    segment's function first.  A function wrapped twice enters the mode once
-    (``TorchFunctions.again``).
+    ``CaseRandom``, do), so that code would miss the run's float dtype and the
+    pinned kinks: a custom ``autograd.Function``'s backward that computes in
+    ``.float()`` (a fused norm's mixed-precision fallback) would round to
+    float32 inside torch's float64 run, and a segment that gradient
+    checkpointing recomputes would differ from its forward.  Two entry points
+    are handed their function wrapped to enter them again
+    (``TorchFunctions.again``, which enters them once however often it is
+    wrapped):
+
+    * every custom Function's backward, as the engine fetches it
+      (``BackwardCFunction._get_user_fn``, on both its boxed and unboxed
+      paths); reentrant checkpointing's ``CheckpointFunction`` is one, its
+      recompute inside;
+    * each segment's function of non-reentrant checkpointing, whose recompute
+      runs in a saved-tensor hook, not a Function: every generator of that
+      path, which torch renames between versions
+      (``_checkpoint_without_reentrant_generator`` up to 2.13,
+      ``_checkpoint_without_reentrant_generator_impl`` from 2.14), takes it
+      first.  They are looked up by name at each call.
     """
+    from torch.autograd.function import BackwardCFunction
+
     try:
         from torch.utils import checkpoint as ckpt
-
-        reentrant = ckpt.CheckpointFunction
-    except (ImportError, AttributeError):  # a torch without it: its recompute runs without the function mode
-        yield
-        return
-    generators = {name: f for name, f in vars(ckpt).items()
-                  if name.startswith("_checkpoint_without_reentrant_generator") and callable(f)}
-    own = reentrant.__dict__.get("apply")
-
-    def apply(cls, function, *rest):
-        return super(reentrant, cls).apply(functions.again(function), *rest)
+    except ImportError:  # a torch without it: nothing to recompute
+        ckpt = None
+    generators = {} if ckpt is None else {
+        name: f for name, f in vars(ckpt).items()
+        if name.startswith("_checkpoint_without_reentrant_generator") and callable(f)}
+    user_fn = BackwardCFunction.__dict__["_get_user_fn"]
 
     def without_reentrant(generator):
         return lambda function, *rest, **kwargs: generator(functions.again(function), *rest, **kwargs)
 
-    reentrant.apply = classmethod(apply)
+    BackwardCFunction._get_user_fn = lambda node: functions.again(user_fn(node))
     for name, generator in generators.items():
         setattr(ckpt, name, without_reentrant(generator))
     try:
@@ -141,10 +148,7 @@ def _recomputed_under(functions: TorchFunctions):
     finally:
         for name, generator in generators.items():
             setattr(ckpt, name, generator)
-        if own is None:
-            del reentrant.apply
-        else:
-            reentrant.apply = own
+        BackwardCFunction._get_user_fn = user_fn
 
 
 def _buffers_written_again(state: dict, told: list):
@@ -273,6 +277,7 @@ class TorchFunctions:
         self._mode = _Mode()
         self.run_dtype = run_dtype  # every float dtype a call names becomes this one (None: as the module says)
         self.recompute = recompute  # a forward recomputed inside the backward: its kink calls repeat the forward's
+        self._replayed: dict[int, int] = {}  # recompute: a module's seed -> the next kink call it repeats
 
     def __enter__(self):
         self._mode.__enter__()
@@ -327,23 +332,45 @@ class TorchFunctions:
         The pin numbers kink calls in the order the forward made them; a
         segment that gradient checkpointing recomputes makes its calls again,
         and must take the same decisions, not the next ones.  torch's
-        generator says which (``randomness.forward_position``).
+        generator says which (``randomness.forward_position``); where the
+        module seeded torch itself (Reformer's reversible layers, which
+        recompute their sublayers in their own backward after seeding torch as
+        their forward did), the first kink call the forward made under that
+        seed, and the ones after it in turn (``_seeded_kinks``).
         """
+        import torch
+
         state = kinks.active()
-        at = randomness.forward_position() if self.recompute else None
-        if at is None or at.kinks >= state.position:
+        at = randomness.forward_position()
+        seed = torch.default_generator.initial_seed()
+        if at is None and not self.recompute:
+            _seeded_kinks(state).setdefault(seed, state.position)
+        start = None
+        if self.recompute:
+            start = at.kinks if at is not None else self._replayed.get(seed, _seeded_kinks(state).get(seed))
+        if start is None or start >= state.position:
             out = run()
             randomness.set_forward_position(kinks=state.position, over_module_seed=False)
             return out
         end, crossed = state.position, len(state.crossed)
-        state.position = at.kinks
+        state.position = start
         try:
             out = run()
+            if at is None:
+                self._replayed[seed] = state.position
             randomness.set_forward_position(kinks=state.position, over_module_seed=False)
             return out
         finally:
             state.position = end
             del state.crossed[crossed:]  # the forward's crossings are counted once
+
+
+# Per pinned run (its kinks state): a seed a module gave torch itself -> the first kink call its forward made under it.
+_SEEDED_KINKS = weakref.WeakKeyDictionary()
+
+
+def _seeded_kinks(state) -> dict[int, int]:
+    return _SEEDED_KINKS.setdefault(state, {})
 
 
 @functools.cache
