@@ -38,7 +38,7 @@ MODELS = {
     "resnet18": ("resnet18", 64, dict(zero_init_last=False)),
     "resnet50d": ("resnet50d", 64, dict(zero_init_last=False)),
     "convnext_atto": ("convnext_atto", 64, {}),
-    "regnetx_002": ("regnetx_002", 64, {}),
+    "regnetx_002": ("regnetx_002", 64, dict(zero_init_last=False)),
     "efficientnet_b0": ("efficientnet_b0", 64, {}),
     "mobilenetv3_small": ("mobilenetv3_small_050", 64, {}),
     "densenet121": ("densenet121", 64, {}),

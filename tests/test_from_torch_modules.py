@@ -523,8 +523,19 @@ def _caught(name, op):
 
 @pytest.mark.parametrize("name, op, wrong", WRONG, ids=[f"{w[0]} / {w[1]}" for w in WRONG])
 def test_a_wrong_lowering_is_caught_before_torch_is_blamed(name, op, wrong, monkeypatch):
-    monkeypatch.setitem(aten.LOWERINGS, op, wrong())
-    _caught(name, op)  # the clean row agrees on all three backends: test_the_module_agrees_on_every_backend
+    mutated, calls = wrong(), []
+
+    def counted(*args, **kwargs):
+        calls.append(op)
+        return mutated(*args, **kwargs)
+
+    monkeypatch.setitem(aten.LOWERINGS, op, counted)
+    try:
+        _caught(name, op)  # the clean row agrees on all three backends: test_the_module_agrees_on_every_backend
+    except AssertionError:
+        if not calls:  # torch 2.14's default decompositions take linalg_vector_norm apart before any lowering
+            pytest.skip(f"torch {torch.__version__} decomposes {op} in this row's graph: no node runs its lowering")
+        raise
 
 
 def test_grouped_query_heads_repeated_in_the_wrong_order_are_caught(monkeypatch):

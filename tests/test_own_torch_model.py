@@ -320,6 +320,26 @@ def test_without_holding_the_detached_value_the_referee_would_measure_another_fu
     assert res.verdict != "agree"  # the mechanism is what makes the previous test agree
 
 
+class BranchingStraightThrough(StraightThrough):
+    """The straight-through estimator behind a branch on a value, which torch.export refuses: traced at the example."""
+
+    def forward(self, x):
+        y = self.lin(x)
+        if y.sum() > 0:
+            y = torch.tanh(y)
+        return y + (torch.round(y * 4) / 4 - y).detach()
+
+
+def test_a_detached_value_stays_detached_where_the_module_is_traced_at_the_example(monkeypatch):
+    """The trace at the example is made twice (``capture._functional``); make_fx, given no decomposition table,
+    rewrites a detach to an alias from torch 2.14 on, and the tape and jax would then differentiate the stopped
+    term.  The graph keeps the detach on every torch, and the three backends agree."""
+    case = from_torch(BranchingStraightThrough(), torch.randn(3, 5, generator=torch.Generator().manual_seed(0)))
+    assert any("traced at the example inputs instead" in n for n in case.notes), case.notes
+    assert any("the forward detaches 1 value" in n for n in case.notes), case.notes
+    assert_agree(run_case(case))
+
+
 # ---------------------------------------------------------------- the case's randomness
 class DropPath(nn.Module):
     """timm's DropPath (``drop_path``): ``keep + torch.rand(...)``, floored, per sample."""

@@ -518,8 +518,10 @@ def _functional(module, values: tuple, example_inputs: tuple):
         with fx_traceback.preserve_node_meta():
             return torch.fx.Interpreter(module).run(*args)
 
-    return make_fx(torch.func.functionalize(replay), tracing_mode="real", record_stack_traces=True,
-                   _error_on_data_dependent_ops=False)(*values, *example_inputs)
+    # An explicit table, empty: without one, make_fx (from torch 2.14) rewrites every detach to an alias, and the
+    # tape and jax would differentiate through a held input or a straight-through estimator's stopped term.
+    return make_fx(torch.func.functionalize(replay), decomposition_table={}, tracing_mode="real",
+                   record_stack_traces=True, _error_on_data_dependent_ops=False)(*values, *example_inputs)
 
 
 def _lift_constants(module) -> dict:
