@@ -4,11 +4,11 @@ Not a test and not a dependency: it needs ``timm`` (and torch and jax), which th
 Each model is created with random initialisation (``pretrained=False``; nothing is downloaded) and 10 classes,
 at its smallest variant, on a batch of 2 images: 64x64 for the convolutional networks (they downsample 32
 times; at 32x32 their last stages are 1x1, where a batch-statistics BatchNorm over 2 values leaves no
-gradient), 32x32 for the vision transformers and MLPs, which are built for it (``img_size=32``, patches of
-4 or 8).  It is put in train mode (dropout and BatchNorm batch statistics on), called on the images, and its
-logits are checked on the tape, torch and jax through ``third_party.py``, the harness it shares with
-``hf_models.py``: one fresh process per (model, seed), one JSON line per run appended to ``--out``.  The seed
-is both torch's initialisation seed and the case seed.
+gradient) and for MLP-Mixer (its own patches of 16), 32x32 for the vision transformers, which are built for it
+(``img_size=32``, patches of 4).  It is put in train mode (dropout and BatchNorm batch statistics on), called
+on the images, and its logits are checked on the tape, torch and jax through ``third_party.py``, the harness
+it shares with ``hf_models.py``: one fresh process per (model, seed), one JSON line per run appended to
+``--out``.  The seed is both torch's initialisation seed and the case seed.
 
     python benchmarks/timm_models.py --seeds 0 1 --out timm_models.jsonl
     python benchmarks/timm_models.py --models resnet18 vit_tiny --seeds 3
@@ -55,7 +55,7 @@ MODELS = {
     "deit_tiny_distilled": ("deit_tiny_distilled_patch16_224", 32, _VIT32),
     "beit": ("beit_base_patch16_224", 32, dict(_VIT32, embed_dim=64, depth=2, num_heads=4)),
     "eva02_tiny": ("eva02_tiny_patch14_224", 32, dict(_VIT32, depth=2)),
-    "mixer": ("mixer_s16_224", 32, dict(img_size=32, patch_size=8, num_blocks=2)),
+    "mixer": ("mixer_s16_224", 64, dict(img_size=64)),  # its own patches of 16: 16 tokens
     "swin": ("swin_tiny_patch4_window7_224", 32, dict(img_size=32, window_size=4, embed_dim=32,
                                                         depths=(2, 2), num_heads=(2, 4))),
 }
