@@ -127,8 +127,9 @@ def test_float64s_reach_reuses_the_compiled_program(monkeypatch):
     driver = get_backend("jax")
     reached = []
     within = runner._within_reach
-    monkeypatch.setattr(runner, "_within_reach", lambda cr, runs, leaves, res: (
-        reached.append((driver.traces, bool(leaves))), within(cr, runs, leaves, res), reached.append(driver.traces)))
+    monkeypatch.setattr(runner, "_within_reach", lambda cr, runs, leaves, res, *rest: (
+        reached.append((driver.traces, bool(leaves))), within(cr, runs, leaves, res, *rest),
+        reached.append(driver.traces)))
     res = run_case(CASE, RunOptions(backends=ALL, referee="off"))
     assert res.verdict == "disagree"
     (before, probed), after = reached
