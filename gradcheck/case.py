@@ -39,12 +39,21 @@ class Case:
     forward: Callable[..., Any] | None = None
     model: str = ""  # the model or layer name, for grouping in reports
     notes: list[str] = field(default_factory=list)
+    # The narrowest float the float64 run still computes in: a cast the model makes itself, which every backend
+    # follows (from_jax keeps ``x.astype(jnp.float32)``), so float64's reach is held at that float's rounding.
+    float64_computes_in: str = "float64"
 
     def __post_init__(self):
+        from gradcheck.check.conditioning import unit_roundoff
+
         if self.mode not in ("train", "eval"):
             raise ValueError(f"case {self.name!r}: mode={self.mode!r}; expected 'train' or 'eval'")
         if self.dtype not in ("float32", "float64"):
             raise ValueError(f"case {self.name!r}: dtype={self.dtype!r}; expected 'float32' or 'float64'")
+        try:
+            unit_roundoff(self.float64_computes_in)
+        except ValueError as exc:
+            raise ValueError(f"case {self.name!r}: float64_computes_in={self.float64_computes_in!r}: {exc}") from None
 
     def with_(self, **changes) -> Case:
         """A copy with some fields changed (dtype, seed, mode, name...)."""

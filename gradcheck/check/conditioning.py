@@ -42,15 +42,32 @@ UNIT32 = 2.0 ** -24  # float32's
 SPREAD_FACTOR = 16.0
 
 
-def perturbed(values: dict[str, np.ndarray], seed: int, draw: int = 0) -> dict[str, np.ndarray]:
+# By dtype name; numpy's finfo knows neither bfloat16 nor the float8s, and a complex dtype rounds as its parts.
+_UNITS = {"float64": UNIT, "complex128": UNIT, "float32": UNIT32, "complex64": UNIT32, "float16": 2.0 ** -11,
+          "bfloat16": 2.0 ** -8, "float8_e4m3fn": 2.0 ** -4, "float8_e5m2": 2.0 ** -3}
+
+
+def unit_roundoff(dtype: str) -> float:
+    """The unit roundoff of a float dtype by name (``"float32"``: 2^-24); ValueError for a name it does not know."""
+    if dtype not in _UNITS:
+        raise ValueError(f"unit_roundoff: {dtype!r} is not a float dtype it knows ({', '.join(_UNITS)})")
+    return _UNITS[dtype]
+
+
+def perturbed(values: dict[str, np.ndarray], seed: int, draw: int = 0, unit: float = UNIT) -> dict[str, np.ndarray]:
     """Each float64 array moved by one ulp per element (a relative step between one and two unit roundoffs), up
     or down at random (from ``seed``); exact zeros and non-finite values stay (a zero's neighbour is a denormal,
-    not a rounding)."""
+    not a rounding).  ``unit``: a coarser unit roundoff (the float32 a model casts part of its float64 run to)
+    moves each element by two of those units of its magnitude instead, so that a value the model rounds to that
+    float moves too (one float64 ulp would vanish in its rounding)."""
     out = {}
     for i, (path, v) in enumerate(sorted(values.items())):
         v = np.asarray(v, np.float64, order="C")
         up = _coin_flips(np.random.default_rng([int(seed), 0x524F554E, int(draw), i]), v.shape)
-        out[path] = _one_ulp(v, up)
+        if unit > UNIT:
+            out[path] = np.where(np.isfinite(v), v + np.where(up, 2 * unit, -2 * unit) * np.abs(v), v)
+        else:
+            out[path] = _one_ulp(v, up)
     return out
 
 
@@ -105,7 +122,7 @@ def spread(before: np.ndarray, after: np.ndarray) -> float:
     return float(np.linalg.norm((b - a).ravel())) / norm
 
 
-def within_reach(leaf, spreads: dict[str, float]) -> bool:
+def within_reach(leaf, spreads: dict[str, float], computes_in: str = "float64") -> bool:
     """Whether a disagreeing leaf's disagreement lies within float64's reach as the spreads measured it; if so,
     the leaf agrees (no blame), and says why (``LeafResult.rounding``).  Its pairs within reach agree either way,
     so that a majority can outvote a backend whose gradient is outside it (the caller decides the leaf again).
@@ -115,12 +132,20 @@ def within_reach(leaf, spreads: dict[str, float]) -> bool:
     that misses a backend misses it by at most its resolution plus that much of
     the gradient's norm along the direction (a standard normal direction carries
     a gradient error of norm e into an answer error of about e).
+
+    ``computes_in``: the narrowest float the float64 run computes in.  A model
+    that casts to float32 itself (a softmax in float32, ``x.astype(jnp.float32)``)
+    is followed by every backend, so its float64 run rounds as float32 does
+    there; the caller's probe then moved the inputs by that float's unit
+    (``perturbed(unit=...)``), and the spreads are that rounding's effect.
     """
     measured = [s for s in spreads.values() if s > 0]
     if not measured or leaf.verdict != "disagree":
         return False
     leaf.rounding = float(np.median(measured))
     reach = SPREAD_FACTOR * leaf.rounding
+    cast = (f" ({computes_in}'s: the float64 run computes in {computes_in} where the model casts to it, and the probe "
+            "moved the inputs by its unit)") if unit_roundoff(computes_in) > UNIT else ""
     pairs = [p for p in leaf.pairs if p.verdict == "disagree"]
     within = [p for p in pairs if p.rel_err_norm <= reach]
     for p in within:  # these two cannot be told apart here, whatever the others do (a majority can form)
@@ -144,12 +169,12 @@ def within_reach(leaf, spreads: dict[str, float]) -> bool:
     leaf.verdict, leaf.blame = "agree", []
     what = "value" if leaf.role in ("output", "buffer") else "gradient"
     leaf.message = (f"agrees within float64's reach here: a unit roundoff at the inputs moves this {what} by "
-                    f"{leaf.rounding:.2g} of its norm (median over {len(measured)} backends), and "
+                    f"{leaf.rounding:.2g} of its norm (median over {len(measured)} backends){cast}, and "
                     f"{' and '.join(parts)}, within {SPREAD_FACTOR:g}x that; float64 cannot tell them apart here")
     return True
 
 
-def float32_within_reach(leaf, spreads: dict[str, float]) -> bool:
+def float32_within_reach(leaf, spreads: dict[str, float], probe_unit: float = UNIT) -> bool:
     """Whether the backends a leaf's float32 part finds imprecise are off by no more than float32's own rounding,
     amplified at this point, can move the leaf; if so they are not imprecise, and the part says why.
 
@@ -169,16 +194,18 @@ def float32_within_reach(leaf, spreads: dict[str, float]) -> bool:
     if part is None or part.verdict != "imprecise" or not measured:
         return False
     rounding = float(np.median(measured))
-    reach = SPREAD_FACTOR * rounding * (UNIT32 / UNIT)
+    reach = SPREAD_FACTOR * rounding * (UNIT32 / probe_unit)
     within = [n for n in part.imprecise if part.errors.get(n, np.inf) <= reach]
     if not within:
         return False
     part.limit = max(part.limit, reach)
     part.imprecise = [n for n in part.imprecise if n not in within]
     what = "value" if leaf.role in ("output", "buffer") else "gradient"
-    said = (f"within float32's reach here: a float64 unit roundoff at the inputs moves this {what} by "
+    probe = "a float64 unit roundoff" if probe_unit == UNIT else f"a move of {probe_unit:.2g} (the probe's unit)"
+    times = f", times {UNIT32 / probe_unit:.0f}" if probe_unit != UNIT32 else ""
+    said = (f"within float32's reach here: {probe} at the inputs moves this {what} by "
             f"{rounding:.2g} of its norm (median over {len(measured)} backends), so float32's rounding moves it by "
-            f"up to {reach:.2g} ({SPREAD_FACTOR:g}x that, times {UNIT32 / UNIT:.0f}); "
+            f"up to {reach:.2g} ({SPREAD_FACTOR:g}x that{times}); "
             + ", ".join(f"{n}'s float32 error {part.errors[n]:.2g}" for n in within) + " lies within it")
     if part.imprecise:
         part.message = f"{part.message}; {said}"

@@ -451,7 +451,7 @@ def _nth_float(value, k):
 
 # ---------------------------------------------------------------- the layer's own referee
 def _layer_referee(rec: LayerCall, leaves: list[LeafResult], names: list[str], rules: ToleranceRules,
-                   seed: int) -> int:
+                   seed: int, eps: float = ref.EPS) -> int:
     """Float64 central differences of the layer alone for ``leaves``; re-decides their blame.  Returns passes."""
     args, prefixes = rec.replay_args()
     point_leaves = {leaf.path: leaf for a, p in zip(args, prefixes) for leaf in leaves_with_paths(a, p)}
@@ -479,7 +479,7 @@ def _layer_referee(rec: LayerCall, leaves: list[LeafResult], names: list[str], r
     passes = 0
     for leaf in wanted:
         rtol = rules.resolve(leaf.path, "float64", rec.layer).referee_rtol
-        checks, n = ref.check(loss64, point, {leaf.path: dirs[leaf.path]}, grads, rtol, loss_abs)
+        checks, n = ref.check(loss64, point, {leaf.path: dirs[leaf.path]}, grads, rtol, loss_abs, eps=eps)
         passes += n
         verdict.decide(leaf, names, checks)
     return passes
@@ -569,7 +569,7 @@ def _localise(cr, names, res, rules, keep: bool) -> Localisation:
     t0 = time.perf_counter()
     if vjp:
         origin = max(vjp, key=lambda c: c.start)
-        passes = _layer_referee(origin, origin.vjp_off(), names, rules, cr.case.seed)
+        passes = _layer_referee(origin, origin.vjp_off(), names, rules, cr.case.seed, cr.eps)
         res.referee_passes += passes
         res.origin = _vjp_origin(origin, names)
     else:

@@ -140,9 +140,12 @@ def directions(leaves: dict[str, np.ndarray], seed: int) -> dict[str, np.ndarray
     return out
 
 
-def step_for(value: np.ndarray) -> float:
+def step_for(value: np.ndarray, eps: float = EPS) -> float:
+    """The first step for a leaf of this size.  ``eps``: the machine epsilon of the narrowest float the loss
+    computes in (a model that casts part of its float64 run to float32 itself): the step grows with its square
+    root, so that the difference's rounding stays as far below the step as float64's is below 1e-8."""
     scale = float(np.max(np.abs(value))) if np.size(value) else 1.0
-    return STEP * max(1.0, scale)
+    return STEP * float(np.sqrt(eps / EPS)) * max(1.0, scale)
 
 
 def _value(out) -> tuple[float, int]:
@@ -185,7 +188,8 @@ def _central(loss64, point, direction, h, stop: bool = False) -> tuple[float, in
 def check(loss64: Callable[[dict], float], point: dict[str, np.ndarray], direction: dict[str, np.ndarray],
           grads: dict[str, dict[str, np.ndarray]], rtol: float, loss_abs: float = 0.0,
           loss_noise: float | Callable[[], float] = 0.0,
-          slope: SlopeCheck | None = None, confirming: bool = False) -> tuple[list[RefereeCheck], int]:
+          slope: SlopeCheck | None = None, confirming: bool = False,
+          eps: float = EPS) -> tuple[list[RefereeCheck], int]:
     """Referee checks along ``direction``, and the float64 forward passes they cost.
 
     ``loss_abs`` is ``sum |r o|`` of the loss at the point (the size of what
@@ -198,11 +202,12 @@ def check(loss64: Callable[[dict], float], point: dict[str, np.ndarray], directi
     misses every backend (see "A slope that changes within the step");
     ``confirming``: the backends already agree with each other on the
     direction's leaves, and a difference that agrees with each of them within
-    its floors alone stands without the doubled step (see "Confirming").
+    its floors alone stands without the doubled step (see "Confirming"); ``eps``: the machine epsilon of the
+    narrowest float the loss computes in (``step_for``), which its rounding floor is taken at.
     """
     answers, norm = _answers(grads, direction)
-    noise = _NoiseFloor(loss_noise)
-    h = min(step_for(point[p]) for p in direction)
+    noise = _NoiseFloor(loss_noise, eps)
+    h = min(step_for(point[p], eps) for p in direction)
     passes = 0
     varies, first = False, True
     clear = None  # (step, difference) taken already at this round's doubled step, and crossing nothing
@@ -214,7 +219,7 @@ def check(loss64: Callable[[dict], float], point: dict[str, np.ndarray], directi
         passes += taken
         d2, crossed2 = 0.0, 0
         if confirming and not crossed1 and answers:
-            floors = _resolution(d1, d1, h, norm, rtol, loss_abs, noise.value)
+            floors = _resolution(d1, d1, h, norm, rtol, loss_abs, noise.value, eps)
             if all(abs(a - d1) <= floors for a in answers.values()):
                 d2, resolution, varies = d1, floors, False
                 break
@@ -232,7 +237,7 @@ def check(loss64: Callable[[dict], float], point: dict[str, np.ndarray], directi
             if slope is None or not misses_all:
                 varies = False
                 break
-            floor = _resolution(d1, d1, h, norm, rtol, loss_abs, noise.value)
+            floor = _resolution(d1, d1, h, norm, rtol, loss_abs, noise.value, eps)
             varies = slope.varies(point, direction, h, answers, floor, first)
             if varies is None:  # past the case's budget: what the measured leaves showed stands for this one
                 varies = slope.unsteady > 0
@@ -271,21 +276,22 @@ class _NoiseFloor:
     actually held the backends to.
     """
 
-    def __init__(self, loss_noise: float | Callable[[], float]):
+    def __init__(self, loss_noise: float | Callable[[], float], eps: float = EPS):
         self._measure = loss_noise if callable(loss_noise) else None
         self.value = 0.0 if callable(loss_noise) else float(loss_noise)
+        self.eps = eps
 
     def resolution(self, d1, d2, h, norm, rtol, loss_abs, answers: dict) -> float:
-        resolution = _resolution(d1, d2, h, norm, rtol, loss_abs, self.value)
+        resolution = _resolution(d1, d2, h, norm, rtol, loss_abs, self.value, self.eps)
         if self._measure is not None and any(not abs(a - d1) <= resolution for a in answers.values()):
             self.value, self._measure = float(self._measure()), None
-            resolution = _resolution(d1, d2, h, norm, rtol, loss_abs, self.value)
+            resolution = _resolution(d1, d2, h, norm, rtol, loss_abs, self.value, self.eps)
         return resolution
 
 
-def _resolution(d1, d2, h, norm, rtol, loss_abs, loss_noise) -> float:
+def _resolution(d1, d2, h, norm, rtol, loss_abs, loss_noise, eps: float = EPS) -> float:
     """What the difference at step ``h`` resolves: its measured truncation and rounding, with the floors."""
-    resolution = (SAFETY * max(abs(d1 - d2), ROUNDING * EPS * loss_abs / h, loss_noise / h)
+    resolution = (SAFETY * max(abs(d1 - d2), ROUNDING * eps * loss_abs / h, loss_noise / h)
                   + rtol * (abs(d1) + 0.1 * norm))
     return resolution if resolution != 0 else EPS
 

@@ -197,6 +197,12 @@ class CaseRun:
         # The per-leaf referee, when some leaves wait for localisation (runner._referee_deferred).
         self.referee: _LeafReferee | None = None
 
+    @property
+    def eps(self) -> float:
+        """The machine epsilon of the narrowest float the float64 run computes in (``Case.float64_computes_in``):
+        what the referee's step and rounding floor are taken at."""
+        return 2 * conditioning.unit_roundoff(self.case.float64_computes_in)
+
     def loss_fn(self, cotangents):
         return _loss_function(self.forward, cotangents)
 
@@ -620,7 +626,11 @@ def _within_reach(cr: CaseRun, runs: dict[str, BackendRun], leaves: list[LeafRes
     leaf disagrees or seems imprecise."""
     if not (leaves or float32) or len(runs) < 2:
         return
-    moved = conditioning.perturbed(cr.float_leaves(), cr.case.seed)
+    # A model that casts part of its float64 run to float32 is probed by float32's unit: one float64 ulp would
+    # vanish in that rounding and measure nothing of it.
+    narrow = cr.case.float64_computes_in
+    unit = conditioning.unit_roundoff(narrow)
+    moved = conditioning.perturbed(cr.float_leaves(), cr.case.seed, unit=unit)
     args = [replace_leaves(a, moved, p) for a, p in zip(cr.args64, cr.prefixes)]
     f64 = cr.f64
     probed = {id(leaf): leaf for leaf in [*leaves, *float32]}.values()
@@ -637,20 +647,24 @@ def _within_reach(cr: CaseRun, runs: dict[str, BackendRun], leaves: list[LeafRes
                 spreads[leaf.path][name] = conditioning.spread(before, after)
     held = []
     for leaf in leaves:
-        if conditioning.within_reach(leaf, spreads[leaf.path]):
+        if conditioning.within_reach(leaf, spreads[leaf.path], narrow):
             held.append(leaf.path)
         elif leaf.rounding:  # some pairs were within reach: who is outside it is decided again, with them agreeing
             verdict.decide(leaf, sorted(runs, key=reference_rank), leaf.referee)
     if held:
+        cast = (f" of {narrow}, which the model's float64 run computes in where it casts to it"
+                if unit > conditioning.UNIT else "")
         res.notes.append(f"float64's reach: {len(held)} of {len(leaves)} disagreeing leaves differ by no more "
                          f"than rounding moves them at this point ({conditioning.SPREAD_FACTOR:g}x a unit roundoff's "
-                         f"effect); they agree within float64's reach ({', '.join(held[:5])}"
+                         f"effect{cast}); they agree within float64's reach ({', '.join(held[:5])}"
                          f"{', ...' if len(held) > 5 else ''})")
-    rounded = [leaf.path for leaf in float32 if conditioning.float32_within_reach(leaf, spreads[leaf.path])]
+    rounded = [leaf.path for leaf in float32 if conditioning.float32_within_reach(leaf, spreads[leaf.path], unit)]
     if rounded:
+        probe = ("float64's probe, scaled to float32's unit roundoff" if unit == conditioning.UNIT else
+                 f"the probe, which moved the inputs by {narrow}'s unit roundoff")
         res.notes.append(f"float32's reach: {len(rounded)} of {len(float32)} leaves whose float32 results seemed "
-                         "imprecise are off by no more than float32's rounding moves them at this point (float64's "
-                         f"probe, scaled to float32's unit roundoff): not imprecise ({', '.join(rounded[:5])}"
+                         "imprecise are off by no more than float32's rounding moves them at this point "
+                         f"({probe}): not imprecise ({', '.join(rounded[:5])}"
                          f"{', ...' if len(rounded) > 5 else ''})")
 
 
@@ -778,7 +792,8 @@ class _LeafReferee:
     def check(self, cr: CaseRun, runs, path: str, res: CaseResult):
         grads = {b: r.ev64.grads for b, r in runs.items()}
         checks, passes = ref.check(cr.loss64, self.point, {path: self.dirs[path]}, grads, self.rtol(path),
-                                   cr.loss_abs, cr.loss_noise, self.slope, confirming=path in self.agreed)
+                                   cr.loss_abs, cr.loss_noise, self.slope, confirming=path in self.agreed,
+                                   eps=cr.eps)
         res.referee_passes += passes
         return checks
 
@@ -869,7 +884,8 @@ def _joint_referee(cr, runs, point, dirs, grads, rtol, res: CaseResult, confirmi
     """
     gradients_at = _gradients_at(cr, runs)
     checks, passes = ref.check(cr.loss64, point, dirs, grads, rtol, cr.loss_abs, cr.loss_noise,
-                               ref.SlopeCheck(gradients_at) if gradients_at is not None else None, confirming)
+                               ref.SlopeCheck(gradients_at) if gradients_at is not None else None, confirming,
+                               eps=cr.eps)
     res.referee_passes += passes
     if not checks:
         return

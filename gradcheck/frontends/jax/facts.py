@@ -14,7 +14,7 @@ from jax.extend import core as jcore
 
 from gradcheck.frontends.jax import frameworks as fw
 from gradcheck.frontends.jax import interpreter
-from gradcheck.frontends.jax.primitives import LOWERINGS, RANDOM, where
+from gradcheck.frontends.jax.primitives import FOLLOWED, LOWERINGS, RANDOM, where
 
 DRAWS = frozenset({"random_bits"})  # a draw of random values (the rest of RANDOM derives keys)
 RULES = ("custom_jvp_call", "custom_vjp_call", "custom_vjp_call_jaxpr")
@@ -50,10 +50,15 @@ def describe(program) -> list[str]:
                      f"(called at {called})")
     narrow = fw.narrow_floats(traced.closed)
     if narrow:
+        narrowest = fw.narrowest_float(traced.closed)
+        followed = ("every backend follows the cast" if narrowest in FOLLOWED else
+                    f"jax follows the cast; the tape and torch compute in float64 there (numpy has no {narrowest} "
+                    "arithmetic)")
         notes.append(f"the float64 run still computes in a narrower float at {len(narrow)} place"
                      f"{'s' if len(narrow) > 1 else ''} the model itself casts ({'; '.join(narrow[:3])}"
-                     f"{'; ...' if len(narrow) > 3 else ''}): every backend follows the cast, so float64 cannot be "
-                     "sharper there")
+                     f"{'; ...' if len(narrow) > 3 else ''}): {followed}, so float64 cannot be sharper there, and "
+                     f"where backends differ they are held to {narrowest}'s reach at this point (float64's rounding "
+                     "probe moves the inputs by its unit roundoff)")
     wide = _widened_in_float32(program) if model.case_dtype == "float32" else []
     if wide:
         notes.append(f"jax's float32 run computes in float64 from {len(wide)} place{'s' if len(wide) > 1 else ''} "

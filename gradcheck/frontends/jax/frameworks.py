@@ -201,6 +201,18 @@ def narrow_floats(jaxpr) -> list[str]:
     return found
 
 
+def narrowest_float(jaxpr) -> str:
+    """The name of the narrowest float dtype ``jaxpr`` computes in (sub-jaxprs too): ``"float64"`` when it is
+    float64 throughout, else the cast's, the coarsest if several (``"bfloat16"`` over ``"float32"``)."""
+    from gradcheck.check.conditioning import unit_roundoff
+
+    jaxpr = getattr(jaxpr, "jaxpr", jaxpr)
+    avals = [v.aval for v in (*jaxpr.invars, *jaxpr.constvars)]
+    avals += [v.aval for eqn, _ in _equations(jaxpr) for v in eqn.outvars]
+    names = {np.dtype(a.dtype).name for a in avals if _narrow(a)}
+    return max(names, key=unit_roundoff, default="float64")
+
+
 def widened_floats(jaxpr) -> list[str]:
     """Each place the float32 program widens a float32 value to float64 (``jaxpr`` traced for the float32 run).
 
@@ -645,6 +657,14 @@ def _wider(value):
     return None
 
 
+def _dtype_named(name: str):
+    """The dtype a string names (``"float32"``, ``"bfloat16"``), or the string itself when it names none."""
+    try:
+        return jnp.dtype(name)
+    except TypeError:
+        return name
+
+
 def _widen_attrs(obj, names) -> None:
     """Set each of ``obj``'s attributes ``names`` that holds a narrower float dtype to float64 (complex128).
 
@@ -652,7 +672,10 @@ def _widen_attrs(obj, names) -> None:
     objects are never changed.
     """
     for attr in names:
-        wider = _wider(getattr(obj, attr, None))
+        value = getattr(obj, attr, None)
+        if isinstance(value, str) and "dtype" in attr:  # flax takes a dtype's name too (dtype="float32")
+            value = _dtype_named(value)
+        wider = _wider(value)
         if wider is not None:
             object.__setattr__(obj, attr, wider)  # linen and equinox modules are frozen dataclasses
 

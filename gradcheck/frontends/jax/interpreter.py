@@ -43,6 +43,7 @@ from gradcheck.frontends.jax.primitives import (
     Context,
     LoweringError,
     is_float_dtype,
+    run_float,
     where,
 )
 
@@ -299,18 +300,21 @@ def _is_float_value(x) -> bool:
 
 
 def _run_dtype(dt, floats) -> np.dtype:
-    return floats if is_float_dtype(dt) else np.dtype(dt)
+    return run_float(dt, floats) if is_float_dtype(dt) else np.dtype(dt)
 
 
 def _host(x, floats):
     """A value for the run: a key as its key data, integer and bool ones as numpy, numpy floats in the run's
-    dtype; a backend's float tensor (an argument) unchanged."""
+    dtype (or the narrower float they are, ``run_float``); a backend's float tensor (an argument) unchanged."""
     if isinstance(x, jax.Array) and _is_key_dtype(x.dtype):
         return np.asarray(jax.random.key_data(x))
     if backend_of(x) in ("tape", "torch"):
         return x if _is_float_value(x) else np.asarray(o.to_numpy(x))
     a = np.asarray(x)
-    return a.astype(floats) if is_float_dtype(a.dtype) and a.dtype != floats else a
+    if not is_float_dtype(a.dtype):
+        return a
+    target = run_float(a.dtype, floats)
+    return a if a.dtype == target else a.astype(target)
 
 
 def _branch_index(b: int, n: int) -> int:
@@ -335,7 +339,7 @@ def apply(ctx: Context, eqn, invals) -> list:
     if len(outs) != len(eqn.outvars):
         raise RuntimeError(f"the lowering of {name} returned {len(outs)} values for {len(eqn.outvars)} outputs "
                            f"({ctx.where()}); this is a bug in gradcheck/frontends/jax/primitives.py")
-    return [_in_jaxpr_dtype(ctx.floats, v, var.aval.dtype) for v, var in zip(outs, eqn.outvars)]
+    return [_in_jaxpr_dtype(ctx, v, var.aval.dtype) for v, var in zip(outs, eqn.outvars)]
 
 
 def unknown_primitive(eqn, outer: tuple = ()) -> str:
@@ -349,14 +353,16 @@ def unknown_primitive(eqn, outer: tuple = ()) -> str:
             + WAYS_TO_LOWER.format(name=name))
 
 
-def _in_jaxpr_dtype(floats, v, dt):
-    """``v`` in the dtype the jaxpr gives it: a float one is the run's, an integer or bool one numpy's exactly."""
+def _in_jaxpr_dtype(ctx: Context, v, dt):
+    """``v`` in the dtype the jaxpr gives it: a float one the run's (``Context.dtype``), an integer or bool one
+    numpy's exactly."""
     if _is_key_dtype(dt):
         return v
     if is_float_dtype(dt):
+        target = ctx.dtype(dt)
         if isinstance(v, (bool, int, float)):
-            return np.asarray(v, floats)
-        return v if np.dtype(o.dtype_of(v)) == floats else o.astype(v, floats)
+            return np.asarray(v, target)
+        return v if np.dtype(o.dtype_of(v)) == target else o.astype(v, target)
     a = v if isinstance(v, np.ndarray) else np.asarray(o.to_numpy(v))
     want = np.dtype(dt)
     return a if a.dtype == want else a.astype(want)
@@ -769,7 +775,8 @@ class _Verify(_Jax):
 
     def check(self, eqn, invals, outs, trail, site) -> str | None:
         name = eqn.primitive.name
-        ctx = Context(np.float64, eqn, _outer(trail))
+        # float64 throughout, as jax's primitive is bound here (widened): each lowering is checked as math
+        ctx = Context(np.float64, eqn, _outer(trail), follow=False)
         if name not in LOWERINGS:
             return unknown_primitive(eqn, ctx.outer)
         try:

@@ -305,6 +305,9 @@ class Program:
         got, got_buffers = self._run(params, buffers, inputs, np.float64)
         want, want_buffers = self._own(params, buffers, inputs, np.float64)
         tol = ToleranceRules().resolve("output", "float64")
+        # Where the model casts part of its float64 run to float32, the two runs round there as float32 does, and
+        # the probe moves the inputs by float32's unit (conditioning.perturbed).
+        narrow = fw.narrowest_float(self.traced("float64").closed)
         pairs = [(f"output {k}", w, g) for k, (w, g) in enumerate(zip(want, got))]
         pairs += [(f"buffer {n}", want_buffers[n], got_buffers[n]) for n in want_buffers if n in got_buffers]
         reach = None
@@ -313,15 +316,16 @@ class Program:
             why = _beyond(w, g, tol)
             if why and reach is None:
                 moved = {**params, **buffers}
-                moved.update(conditioning.perturbed(_float_arrays({**params, **buffers}), self.model.seed))
+                moved.update(conditioning.perturbed(_float_arrays({**params, **buffers}), self.model.seed,
+                                                    unit=conditioning.unit_roundoff(narrow)))
                 mp = {n: moved[n] for n in params}
                 mb = {n: moved[n] for n in buffers}
-                again, _ = self._own(mp, mb, inputs, np.float64)
-                reach = [conditioning.spread(a, b) for a, b in zip(want, again)]
-            if why and what.startswith("output"):
-                k = int(what.split()[1])
-                if conditioning.spread(w, g) <= conditioning.SPREAD_FACTOR * reach[k]:
-                    continue  # within float64's reach at this point: rounding alone moves the model this far
+                again, again_buffers = self._own(mp, mb, inputs, np.float64)
+                reach = {f"output {k}": conditioning.spread(a, b) for k, (a, b) in enumerate(zip(want, again))}
+                reach.update((f"buffer {n}", conditioning.spread(want_buffers[n], again_buffers[n]))
+                             for n in want_buffers if n in again_buffers)
+            if why and what in reach and conditioning.spread(w, g) <= conditioning.SPREAD_FACTOR * reach[what]:
+                continue  # within float64's reach at this point: rounding alone moves the model this far
             if why:
                 return (f"the jaxpr's float64 forward differs from the model's own at {what} ({why}), although every "
                         "equation's lowering matches jax's primitive; the tape and torch cannot check this model, jax "

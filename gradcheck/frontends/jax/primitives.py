@@ -102,20 +102,38 @@ def _is_dtype(v) -> bool:
     return isinstance(v, np.dtype) or (isinstance(v, type) and issubclass(v, np.generic))
 
 
+# The narrower floats a run follows where the jaxpr casts to them (a softmax the model computes in float32 inside
+# its float64 run), as jax's own run of the model does: numpy and torch compute in them natively.  bfloat16 and
+# the float8s numpy cannot compute in; the run's float stands for them, as it does for every wider float.
+FOLLOWED = frozenset({"float32", "float16"})
+
+
+def run_float(dtype, floats, follow: bool = True) -> np.dtype:
+    """The dtype a float of the jaxpr has in a run whose float dtype is ``floats``: ``floats``, except a narrower
+    float in ``FOLLOWED`` when ``follow`` (a run follows the model's casts; the lowering check, which binds
+    jax's primitives in float64, does not)."""
+    dt, floats = np.dtype(dtype), np.dtype(floats)
+    if follow and dt.name in FOLLOWED and dt.itemsize < floats.itemsize:
+        return dt
+    return floats
+
+
 class Context:
     """What a lowering knows besides its operands: the run's float dtype and the equation it lowers."""
 
-    __slots__ = ("floats", "eqn", "outer")
+    __slots__ = ("floats", "eqn", "outer", "follow")
 
-    def __init__(self, floats, eqn=None, outer: tuple = ()):
+    def __init__(self, floats, eqn=None, outer: tuple = (), follow: bool = True):
         self.floats = np.dtype(floats)
         self.eqn = eqn
         self.outer = outer  # the higher-order equations around this one, outermost first (for messages)
+        self.follow = follow  # a narrower float the jaxpr casts to stays that float (run_float)
 
     def dtype(self, dtype) -> np.dtype:
-        """A dtype of the jaxpr as the run's: a float dtype (float32, bfloat16, float64) is the run's floats."""
+        """A dtype of the jaxpr as the run's: a float dtype is the run's floats, or the narrower float the model
+        casts to (``run_float``)."""
         dt = np.dtype(dtype)
-        return self.floats if is_float_dtype(dt) else dt
+        return run_float(dt, self.floats, self.follow) if is_float_dtype(dt) else dt
 
     def where(self) -> str:
         return where(self.eqn, self.outer) if self.eqn is not None else "an equation of no jaxpr"
