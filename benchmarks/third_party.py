@@ -1,9 +1,9 @@
-"""The harness the third-party model sweeps share (``hf_models.py``, ``timm_models.py``).
+"""The harness the third-party model sweeps share (``hf_models.py``, ``timm_models.py``, ``jax_libraries.py``).
 
 Each (model, seed) runs in a fresh process with a time limit: ``child`` builds the model, checks it through
-``gradcheck.from_torch`` and the runner on the tape, torch and jax, and prints one JSON row; ``sweep`` runs
-the children one after the other, appends each row to a JSON lines file as it comes (nothing is lost when a
-model hangs or crashes), and ends with ``table``.
+``gradcheck.from_torch`` (or ``from_jax``) and the runner on the tape, torch and jax, and prints one JSON row;
+``sweep`` runs the children one after the other, appends each row to a JSON lines file as it comes (nothing is
+lost when a model hangs or crashes), and ends with ``table``.
 
 A run is "clean" when its verdict is ``agree`` with nothing unavailable, no error, and no float32 result that
 is imprecise (a warning, which does not fail the case unless ``imprecise="fail"``).
@@ -22,12 +22,18 @@ import time
 def check(model, inputs, forward, *, name: str, seed: int, row: dict) -> dict:
     """Check ``forward(model, *inputs)`` on all three backends and add what a sweep records to ``row``."""
     import gradcheck
-    from gradcheck.check.runner import RunOptions, run_case
 
     t0 = time.perf_counter()
     row.setdefault("params", sum(p.numel() for p in model.parameters()))
     case = gradcheck.from_torch(model, *inputs, forward=forward, name=name, seed=seed)
     row["capture_s"] = round(time.perf_counter() - t0, 2)
+    return check_case(case, row)
+
+
+def check_case(case, row: dict) -> dict:
+    """Run a captured case (``from_torch``, ``from_jax``) on all three backends; add what a sweep records to ``row``."""
+    from gradcheck.check.runner import RunOptions, run_case
+
     res = run_case(case, RunOptions(backends=("tape", "torch", "jax")))
     row.update(verdict=res.verdict, float32=res.float32, compared=res.compared, agreeing=res.agreeing,
                leaves=len(res.leaves), unavailable=res.unavailable, errors=res.errors, notes=res.notes,
