@@ -189,15 +189,10 @@ def narrow_floats(jaxpr) -> list[str]:
     One line per place, ``"convert_element_type -> float32[2,4] at models.py:12 (__call__)"``; empty when
     the jaxpr is float64 throughout (what the float64 run must be).
     """
-    jaxpr = getattr(jaxpr, "jaxpr", jaxpr)
-    found = [f"input {i} is {v.aval.str_short()}" for i, v in enumerate(jaxpr.invars) if _narrow(v.aval)]
-    found += [f"constant {i} is {v.aval.str_short()}" for i, v in enumerate(jaxpr.constvars) if _narrow(v.aval)]
-    for eqn, where in _equations(jaxpr):
-        for v in eqn.outvars:
-            if _narrow(v.aval):
-                line = f"{eqn.primitive.name} -> {v.aval.str_short()} at {where or 'an unknown line'}"
-                if line not in found:
-                    found.append(line)
+    found = []
+    for line, _ in _narrow_places(jaxpr):
+        if line not in found:
+            found.append(line)
     return found
 
 
@@ -206,11 +201,22 @@ def narrowest_float(jaxpr) -> str:
     float64 throughout, else the cast's, the coarsest if several (``"bfloat16"`` over ``"float32"``)."""
     from gradcheck.check.conditioning import unit_roundoff
 
+    return max({np.dtype(aval.dtype).name for _, aval in _narrow_places(jaxpr)}, key=unit_roundoff,
+               default="float64")
+
+
+def _narrow_places(jaxpr):
+    """``(line, aval)`` for each input, constant and equation output of ``jaxpr`` in a float narrower than
+    float64 (``narrow_floats`` writes the lines)."""
     jaxpr = getattr(jaxpr, "jaxpr", jaxpr)
-    avals = [v.aval for v in (*jaxpr.invars, *jaxpr.constvars)]
-    avals += [v.aval for eqn, _ in _equations(jaxpr) for v in eqn.outvars]
-    names = {np.dtype(a.dtype).name for a in avals if _narrow(a)}
-    return max(names, key=unit_roundoff, default="float64")
+    for what, atoms in (("input", jaxpr.invars), ("constant", jaxpr.constvars)):
+        for i, v in enumerate(atoms):
+            if _narrow(v.aval):
+                yield f"{what} {i} is {v.aval.str_short()}", v.aval
+    for eqn, where in _equations(jaxpr):
+        for v in eqn.outvars:
+            if _narrow(v.aval):
+                yield f"{eqn.primitive.name} -> {v.aval.str_short()} at {where or 'an unknown line'}", v.aval
 
 
 def widened_floats(jaxpr) -> list[str]:
