@@ -83,7 +83,7 @@ def from_jax(model, *args, **kwargs) -> Case:
     return Case(name=described.name, build=build, inputs=lambda rng: inputs, dtype=described.case_dtype,
                 mode="train", seed=described.seed, model=described.root_class or described.name,
                 notes=facts.describe(program),
-                float64_computes_in=frameworks.narrowest_float(program.traced("float64").closed))
+                float64_computes_in=program.float64_computes_in)
 
 
 def as_cases(made, name: str = "") -> list[Case] | None:

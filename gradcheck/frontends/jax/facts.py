@@ -50,7 +50,7 @@ def describe(program) -> list[str]:
                      f"(called at {called})")
     narrow = fw.narrow_floats(traced.closed)
     if narrow:
-        narrowest = fw.narrowest_float(traced.closed)
+        narrowest = program.float64_computes_in
         followed = ("every backend follows the cast" if narrowest in FOLLOWED else
                     f"jax follows the cast; the tape and torch compute in float64 there (numpy has no {narrowest} "
                     "arithmetic)")

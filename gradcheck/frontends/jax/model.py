@@ -26,6 +26,7 @@ backend sees the masks the user's own call draws.
 from __future__ import annotations
 
 import contextlib
+import functools
 from dataclasses import dataclass
 
 import jax
@@ -127,6 +128,12 @@ class Program:
             self._watch = previous
 
     # -- the model and its jaxpr, per run dtype ----------------------------------------------------------
+    @functools.cached_property
+    def float64_computes_in(self) -> str:
+        """The narrowest float the float64 jaxpr computes in, where the model casts to it itself
+        (``frameworks.narrowest_float``; ``Case.float64_computes_in``)."""
+        return fw.narrowest_float(self.traced("float64").closed)
+
     def model_at(self, floats) -> fw.Model:
         name = np.dtype(floats).name
         if name not in self._models:
@@ -307,7 +314,7 @@ class Program:
         tol = ToleranceRules().resolve("output", "float64")
         # Where the model casts part of its float64 run to float32, the two runs round there as float32 does, and
         # the probe moves the inputs by float32's unit (conditioning.perturbed).
-        narrow = fw.narrowest_float(self.traced("float64").closed)
+        narrow = self.float64_computes_in
         pairs = [(f"output {k}", w, g) for k, (w, g) in enumerate(zip(want, got))]
         pairs += [(f"buffer {n}", want_buffers[n], got_buffers[n]) for n in want_buffers if n in got_buffers]
         reach = None
