@@ -84,6 +84,7 @@ def child(name: str, seed: int, checkpointing: bool = False, drop: float = 0.0) 
             checkpointed = True
         except (AssertionError, NotImplementedError, AttributeError):  # the family does not support it
             pass
+    _unzero_classifier(model, seed)
     model.train()
     g = torch.Generator().manual_seed(1000 + seed)
     x = torch.randn(BATCH, 3, size, size, generator=g)
@@ -92,6 +93,18 @@ def child(name: str, seed: int, checkpointing: bool = False, drop: float = 0.0) 
     third_party.check(model, (x,), None, name=name, seed=seed, row=row)
     row["wall_s"] = round(time.perf_counter() - t0, 2)
     return row
+
+
+def _unzero_classifier(model, seed: int) -> None:
+    """A classifier timm initialises to zeros (MLP-Mixer's head) gets small random weights: with a zero head every
+    gradient before it is exactly 0 and every leaf but the head's is vacuous; a trained network has none such."""
+    import torch
+
+    head = model.get_classifier() if hasattr(model, "get_classifier") else None
+    weight = getattr(head, "weight", None)
+    if isinstance(weight, torch.Tensor) and not weight.detach().any():
+        with torch.no_grad():
+            weight.normal_(0.0, 0.02, generator=torch.Generator().manual_seed(2000 + seed))
 
 
 def main(argv=None):
