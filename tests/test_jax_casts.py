@@ -164,3 +164,100 @@ def test_a_flax_dtype_given_by_name_is_widened_like_a_dtype(monkeypatch):
 
     monkeypatch.setattr(frameworks, "_dtype_named", lambda name: name)
     assert from_jax(model, variables, x).float64_computes_in == "float32"
+
+
+# -- kinks inside the float32 part: float64 runs pinned as float32 runs are -----------------------------------
+SHIFT = 0.37  # the float32 part adds it; c below takes (a + SHIFT) back off, exactly, where the kink is to sit
+
+
+def _kink_point(seed: int, shape=(4, 6)):
+    """``(c, a, params, x)``: float32 ``c`` equal to ``a + SHIFT`` in half the elements, half a unit off in the rest."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((4, 6)).astype(np.float32)
+    a = rng.standard_normal(shape).astype(np.float32)
+    c = a + np.float32(SHIFT)
+    c = np.where(rng.random(shape) < 0.5, c, c - np.float32(0.5) * rng.choice([-1, 1], shape)).astype(np.float32)
+    params = {"v": (rng.standard_normal((6, 3)) / 2).astype(np.float32),
+              "w": (rng.standard_normal((6, 3)) / 2).astype(np.float32)}
+    return c, a, params, x
+
+
+def _gate_model(c, a):
+    """A comparison the float32 part computes to exactly 0 in half its elements, gating ``x @ w``.  No leaf moves
+    it (``y * 0``), so neither the referee's steps nor the probe of float64's reach cross it."""
+    def gate_model(params, x):
+        y = x @ params["w"]
+        z = ((y.astype(jnp.float32) * 0 + a) + SHIFT) - c  # the model's own float32 part
+        return jnp.tanh(x @ params["v"]) + jnp.where(z > 0, y, 0.5 * y)
+
+    return gate_model
+
+
+def _relu_model(c, rule):
+    """A relu whose input the float32 part computes to exactly 0 in half its elements, from ``x`` itself."""
+    def relu_model(params, x):
+        z = (x.astype(jnp.float32) + SHIFT) - c
+        return jnp.tanh(x @ params["v"]) + (jax.nn.relu(rule(z)).astype(x.dtype) + x) @ params["w"]
+
+    return relu_model
+
+
+def _add_rounding_up(backend: str):
+    """A lowering of add whose float32 results on ``backend`` alone are one unit in the last place higher: a
+    kernel that rounds the other way, within float32's rounding, with add's gradient unchanged."""
+    original = primitives.LOWERINGS["add"]
+
+    def add(ctx, a, b, **kw):
+        y = original(ctx, a, b, **kw)
+        if backend_of(y) != backend or np.dtype(ops.dtype_of(y)) != np.float32:
+            return y
+        value = np.asarray(ops.to_numpy(y))
+        return ops.add(y, ops.asarray(np.nextafter(value, np.float32(np.inf)) - value, like=y))
+
+    return add
+
+
+@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("backend", ["tape", "torch"])
+def test_a_kink_within_the_float32_part_is_not_blamed_on_the_backend_that_rounds_across_it(monkeypatch, seed,
+                                                                                           backend):
+    """A comparison whose operand the float32 part computes to exactly 0, on a backend whose float32 add rounds
+    one unit up (``_add_rounding_up``): its float64 run, which follows the model's cast, takes the other side,
+    a whole term of the gradients it gates.  Pinned to the reference's decisions, as float32 runs are
+    (``CaseRun.pin64``), it agrees, and the crossing is said.  Negative control: float64 runs unpinned (gradcheck as
+    it was), the backend is blamed for its rounding."""
+    monkeypatch.setitem(primitives.LOWERINGS, "add", _add_rounding_up(backend))
+    c, a, params, x = _kink_point(seed, (4, 3))
+    case = from_jax(_gate_model(c, a), params, x, seed=seed)
+    assert case.float64_computes_in == "float32"
+    res = run_case(case, RunOptions(repeat=False))
+    assert not res.errors and not res.unavailable, _failing(res)
+    assert res.verdict == "agree" and res.leaves_compared == 4, _failing(res)
+    assert any(n.startswith(f"{backend}: its float64 run took the other side") for n in res.notes), res.notes
+
+    from gradcheck.check import runner
+
+    monkeypatch.setattr(runner.CaseRun, "pin64", property(lambda self: False))
+    res = run_case(case, RunOptions(repeat=False))
+    wrong = {leaf.path: leaf.blame for leaf in res.leaves if leaf.verdict == "disagree"}
+    assert wrong == {"output": [backend], "input": [backend], "['w']": [backend]}, _failing(res)
+
+
+def test_a_kink_within_the_float32_part_agrees_when_no_backend_rounds_across_it():
+    """The clean control of the above: every backend computes the float32 part alike, nothing crosses."""
+    c, a, params, x = _kink_point(0, (4, 3))
+    res = run_case(from_jax(_gate_model(c, a), params, x, seed=0), RunOptions(repeat=False))
+    assert res.verdict == "agree" and res.leaves_compared == 4, _failing(res)
+    assert not any("took the other side" in n for n in res.notes), res.notes
+
+
+@pytest.mark.parametrize("wrong", [False, True], ids=["clean", "jax's rule 1% wrong"])
+def test_a_wrong_gradient_through_kinks_in_the_float32_part_is_blamed(wrong):
+    """Relu inputs the float32 part computes to exactly 0, from the input itself: with float64 runs and the probe of
+    float64's reach pinned, jax's own rule 1 % wrong on them (``_wrong_rule``) is blamed on jax, and the clean model
+    agrees."""
+    c, _, params, x = _kink_point(0)
+    res = run_case(from_jax(_relu_model(c, _wrong_rule if wrong else (lambda v: v)), params, x, seed=0),
+                   RunOptions(repeat=False))
+    found = {leaf.path: leaf.blame for leaf in res.leaves if leaf.verdict == "disagree"}
+    assert found == ({"input": ["jax"]} if wrong else {}), _failing(res)

@@ -198,6 +198,14 @@ class CaseRun:
         self.referee: _LeafReferee | None = None
 
     @property
+    def pin64(self) -> bool:
+        """Whether float64 runs are pinned to the reference's kinks, as float32 runs always are: where the float64
+        run computes partly in a narrower float (``Case.float64_computes_in``: a cast the model makes itself, which
+        every backend follows), a relu or max after it lies within that float's rounding of its kink, and a
+        backend that rounds to its other side would differ by a whole term, which no referee step resolves."""
+        return self.case.float64_computes_in != "float64"
+
+    @property
     def eps(self) -> float:
         """The machine epsilon of the narrowest float the float64 run computes in (``Case.float64_computes_in``):
         what the referee's step and rounding floor are taken at."""
@@ -387,7 +395,8 @@ def _prepare_compiled(cr: CaseRun, options: RunOptions, res: CaseResult, f64, f3
             continue
         t0 = time.perf_counter()
         try:
-            started = driver.prepare(f64, cr.args64, cr.prefixes)
+            with _pinned64(cr):
+                started = driver.prepare(f64, cr.args64, cr.prefixes)
             if cr.args32 is not None:
                 with kinks.pinned(cr.kinks):
                     started = driver.prepare(f32, cr.args32, cr.prefixes) or started
@@ -411,7 +420,9 @@ def _evaluate_backend(name, cr: CaseRun, options: RunOptions, res: CaseResult, r
     timing = res.timings.setdefault(name, Timing())
     try:
         t0 = time.perf_counter()
-        run = BackendRun(driver.evaluate(f64, cr.args64, cr.prefixes))
+        ev64, crossed64 = _pinned(driver, f64, cr.args64, cr, res, name, "float64") if cr.pin64 else \
+            (driver.evaluate(f64, cr.args64, cr.prefixes), [])
+        run = BackendRun(ev64)
         timing.float64 = time.perf_counter() - t0
     except BackendUnavailable as exc:  # this case needs what the backend lacks (an op without a lowering)
         res.unavailable[name] = str(exc)
@@ -421,12 +432,16 @@ def _evaluate_backend(name, cr: CaseRun, options: RunOptions, res: CaseResult, r
         res.errors[name] = short_error(exc)
         return
     runs[name] = run
+    if sum(crossed64):
+        res.notes.append(f"{name}: its float64 run took the other side at {sum(crossed64)} pinned kink decision"
+                         f"{'s' if sum(crossed64) > 1 else ''} (the model computes part of its float64 run in "
+                         f"{cr.case.float64_computes_in}, within whose rounding they lie): pinned, as float32 runs are")
     if cr.args32 is None:  # a float64-only case: its float64 calls are the ones timed
         timing.first = timing.float64
         if options.repeat:
             try:
                 t0 = time.perf_counter()
-                with _as_last_call(driver):
+                with _as_last_call(driver), _pinned64(cr):
                     again = driver.evaluate(f64, cr.args64, cr.prefixes)
                 timing.second = time.perf_counter() - t0 if driver.compiles else None
                 run.spread = _spreads(run.ev64, again)
@@ -435,12 +450,12 @@ def _evaluate_backend(name, cr: CaseRun, options: RunOptions, res: CaseResult, r
         return
     try:
         t0 = time.perf_counter()
-        run.ev32, run.crossed = _float32(driver, f32, cr, res, name)
+        run.ev32, run.crossed = _pinned(driver, f32, cr.args32, cr, res, name)
         timing.first = time.perf_counter() - t0
         if options.repeat:
             t0 = time.perf_counter()
             with _as_last_call(driver):
-                again = _float32(driver, f32, cr, res, name)[0]
+                again = _pinned(driver, f32, cr.args32, cr, res, name)[0]
             timing.second = time.perf_counter() - t0 if driver.compiles else None
             run.spread = _spreads(run.ev32, again)
             again = None
@@ -496,20 +511,25 @@ def _measured32(name: str, ev32: Evaluation, ev64: Evaluation) -> Evaluation:
     return Evaluation(value=ev32.value, grads=grads, buffers=ev32.buffers, leaves=ev32.leaves)
 
 
-def _float32(driver, f32, cr: CaseRun, res: CaseResult, name: str):
-    """A float32 evaluation pinned to the float64 reference's kinks, and the crossings it met."""
+def _pinned(driver, f, args, cr: CaseRun, res: CaseResult, name: str, precision: str = "float32"):
+    """An evaluation pinned to the float64 reference's kinks, and the crossings it met."""
     try:
         with kinks.pinned(cr.kinks) as pin:
-            ev = driver.evaluate(f32, cr.args32, cr.prefixes)
+            ev = driver.evaluate(f, args, cr.prefixes)
         return ev, [int(round(float(ops.to_numpy(c)))) if hasattr(c, "shape") else int(c) for c in pin.crossed]
     except kinks.KinkMismatch as exc:
-        note = (f"{name}: float32 not pinned to the float64 kinks ({exc}); its float32 error may include "
+        note = (f"{name}: {precision} not pinned to the float64 kinks ({exc}); its {precision} error may include "
                 "kink crossings")
         if note not in res.notes:
             res.notes.append(note)
         if name not in res.unpinned:
             res.unpinned.append(name)
-        return driver.evaluate(f32, cr.args32, cr.prefixes), []
+        return driver.evaluate(f, args, cr.prefixes), []
+
+
+def _pinned64(cr: CaseRun):
+    """Inside the block, calls are pinned to the reference's kinks where float64 runs are (``CaseRun.pin64``)."""
+    return kinks.pinned(cr.kinks) if cr.pin64 else contextlib.nullcontext()
 
 
 def _compare(cr: CaseRun, runs: dict[str, BackendRun], options: RunOptions, res: CaseResult) -> None:
@@ -637,6 +657,9 @@ def _within_reach(cr: CaseRun, runs: dict[str, BackendRun], leaves: list[LeafRes
     spreads: dict[str, dict[str, float]] = {leaf.path: {} for leaf in probed}
     for name, run in runs.items():
         try:
+            # Unpinned, also where the float64 runs are pinned (``CaseRun.pin64``): what rounding at this point can
+            # move a gradient by includes the kinks it can cross, and jax, running a from_jax model's own code,
+            # crosses them unpinned in its run too.
             ev = get_backend(name).evaluate(f64, args, cr.prefixes)
         except Exception as exc:  # the probe is a diagnosis: a failure leaves the verdicts as they are
             res.notes.append(f"float64's reach: {name} failed at the perturbed point ({short_error(exc)})")
