@@ -1,6 +1,7 @@
-"""Third-party JAX models through ``from_jax``: equimo's equinox vision models and flaxmodels' flax.linen ResNet.
+"""Third-party JAX models through ``from_jax``: equimo's equinox vision models, flaxmodels' flax.linen ResNet, haiku's.
 
-Not a test and not a dependency: it needs ``equimo`` and ``flaxmodels`` (and equinox, flax, jax and torch),
+Not a test and not a dependency: it needs ``equimo``, ``flaxmodels`` and ``dm-haiku`` (and equinox, flax, jax
+and torch),
 which the project does not install.  Each model is built with random initialisation from
 ``jax.random.key(seed)`` (nothing is downloaded) and 10 classes, at a small configuration of its own
 constructor or its smallest registered variant, with float32 parameters, as a user builds them:
@@ -9,7 +10,13 @@ constructor or its smallest registered variant, with float32 parameters, as a us
   ``jax.vmap`` over a batch of 2, in training mode (``inference=False``: dropout and stochastic depth on where
   the model has them) with one key per image split from the case's key;
 * flaxmodels' ResNet-18 (``pretrained=None``) on a batch of 2 NHWC images, ``train=True`` with its
-  ``batch_stats`` updated (``mutable=["batch_stats"]``).
+  ``batch_stats`` updated (``mutable=["batch_stats"]``);
+* haiku's (``hk.transform_with_state``, checked in the plain jax form ``fn(params, state, *inputs, key=)``):
+  ``hk.nets.ResNet18`` and ``hk.nets.MobileNetV1`` on a batch of 2 NHWC images with ``is_training=True`` (their
+  BatchNorm state updated; parameters haiku initialises to zeros, the ResNet's logits among them, get small random
+  values, ``_unzeroed``), and a two-block pre-norm transformer encoder written from haiku's own modules
+  (``hk.Embed``, ``hk.MultiHeadAttention``, ``hk.LayerNorm``, ``hk.nets.MLP`` with gelu, ``hk.dropout`` at 0.1)
+  on a batch of 2 sequences of 16 token ids.
 
 Each case is checked on the tape, torch and jax through ``third_party.py``, the harness it shares with
 ``timm_models.py`` and ``hf_models.py``: one fresh process per (model, seed), one JSON line per run appended to
@@ -45,6 +52,9 @@ MODELS = {
     "vssd": ("Vssd", dict(img_size=32, in_channels=3, dim=16, d_state=8, depths=[1, 1], num_heads=[1, 2],
                           attentions_layers=("mamba2mixer", "attention")), 32),
     "flaxmodels_resnet18": ("ResNet18", dict(output="logits", pretrained=None, normalize=False), 32),
+    "haiku_resnet18": ("ResNet18", {}, 32),
+    "haiku_mobilenetv1": ("MobileNetV1", {}, 32),
+    "haiku_transformer": ("", dict(vocab=50, length=16, width=64, heads=4, blocks=2), 16),
 }
 
 
@@ -53,7 +63,8 @@ def child(name: str, seed: int) -> dict:
     import jax
 
     t0 = time.perf_counter()
-    case, model = (_flaxmodels if name.startswith("flaxmodels_") else _equimo)(name, seed)
+    build = _flaxmodels if name.startswith("flaxmodels_") else _haiku if name.startswith("haiku_") else _equimo
+    case, model = build(name, seed)
     row = {"model": name, "seed": seed, "class": type(model).__name__, "image": MODELS[name][2],
            "capture_s": round(time.perf_counter() - t0, 2), "float64_computes_in": case.float64_computes_in}
     row["params"] = int(sum(v.size for v in jax.tree_util.tree_leaves(model) if hasattr(v, "dtype")
@@ -93,6 +104,75 @@ def _flaxmodels(name: str, seed: int):
     variables = model.init(jr.key(seed), x, train=True)
     case = gradcheck.from_jax(model, variables, x, train=True, mutable=["batch_stats"], name=name, seed=seed)
     return case, variables["params"]
+
+
+def _haiku(name: str, seed: int):
+    import haiku as hk
+    import jax
+    import jax.random as jr
+
+    import gradcheck
+
+    attr, kwargs, size = MODELS[name]
+    if name == "haiku_transformer":
+        net = _haiku_transformer(**kwargs)
+        x = jr.randint(jr.key(1000 + seed), (BATCH, kwargs["length"]), 0, kwargs["vocab"])
+    else:
+        def net(x, is_training):
+            return getattr(hk.nets, attr)(num_classes=10)(x, is_training=is_training)
+
+        x = jr.normal(jr.key(1000 + seed), (BATCH, size, size, 3))
+    model = hk.transform_with_state(net)
+    params, state = model.init(jr.key(seed), x, is_training=True)
+    params = _unzeroed(params, seed)
+
+    def apply(params, state, x, key):
+        return model.apply(params, state, key, x, is_training=True)
+
+    apply.__qualname__ = apply.__name__ = name
+    case = gradcheck.from_jax(apply, params, x, state=state, name=name, seed=seed)
+    return case, params
+
+
+def _unzeroed(params, seed: int):
+    """Every all-zero parameter array (haiku's ResNet initialises its logits and each block's last BatchNorm scale to
+    zeros; biases start at zero) given small random values: with a zero classifier every gradient before it is
+    exactly 0 and the check is vacuous there; a trained network has none such."""
+    import jax
+    import numpy as np
+
+    rng = np.random.default_rng(2000 + seed)
+
+    def fill(v):
+        if hasattr(v, "dtype") and jax.numpy.issubdtype(v.dtype, jax.numpy.inexact) and not np.asarray(v).any():
+            return jax.numpy.asarray(0.02 * rng.standard_normal(v.shape), v.dtype)
+        return v
+
+    return jax.tree_util.tree_map(fill, params)
+
+
+def _haiku_transformer(vocab: int, length: int, width: int, heads: int, blocks: int):
+    """A pre-norm transformer encoder from haiku's modules: token and position embeddings, ``blocks`` blocks of
+    attention and a gelu MLP with dropout, mean-pooled into 10 logits."""
+    import haiku as hk
+    import jax
+
+    def net(tokens, is_training):
+        rate = 0.1 if is_training else 0.0
+        h = hk.Embed(vocab, width)(tokens)
+        h = h + hk.get_parameter("position", (length, width), init=hk.initializers.TruncatedNormal(0.02))
+        for _ in range(blocks):
+            a = hk.LayerNorm(axis=-1, create_scale=True, create_offset=True)(h)
+            a = hk.MultiHeadAttention(num_heads=heads, key_size=width // heads,
+                                      w_init=hk.initializers.VarianceScaling(1.0))(a, a, a)
+            h = h + hk.dropout(hk.next_rng_key(), rate, a)
+            m = hk.LayerNorm(axis=-1, create_scale=True, create_offset=True)(h)
+            m = hk.nets.MLP([4 * width, width], activation=jax.nn.gelu)(m)
+            h = h + hk.dropout(hk.next_rng_key(), rate, m)
+        h = hk.LayerNorm(axis=-1, create_scale=True, create_offset=True)(h)
+        return hk.Linear(10)(h.mean(axis=1))
+
+    return net
 
 
 def main(argv=None):
