@@ -194,6 +194,30 @@ def suspended():
         yield
 
 
+def skip(n: int) -> None:
+    """The pinned run in effect passes over ``n`` of the reference's kink calls that it does not make itself (a
+    custom rule or a loop that jax runs whole, ``gradcheck.frontends.jax``): they are not pinned there, and count
+    no crossing."""
+    state = active()
+    if state is not None and state.mode == "pin" and state.depth == 0 and n:
+        state.position += n
+        state.crossed.extend([0] * n)
+
+
+def mark() -> tuple[int, int] | None:
+    """Where the pinned run in effect is (``rewind`` returns it there), or None outside a pinned run."""
+    state = active()
+    return (state.position, len(state.crossed)) if state is not None and state.mode == "pin" else None
+
+
+def rewind(at: tuple[int, int] | None) -> None:
+    """The pinned run in effect back at ``at`` (``mark``): the calls made since are undone, as if not made."""
+    state = active()
+    if at is not None and state is not None and state.mode == "pin":
+        state.position = at[0]
+        del state.crossed[at[1]:]
+
+
 def decision_arrays(rec: Recording) -> list[np.ndarray]:
     return [b.decision for b in rec.branches]
 

@@ -9,6 +9,11 @@ and torch differentiate the primal math.  Higher-order primitives are interprete
 ``while`` runs until its condition, evaluated on the concrete values, is false; ``cond`` runs the branch its
 concrete index picks.
 
+``run_pinned`` is jax's float32 run pinned to the float64 reference's kinks: the same walk on jax values, every
+equation bound as jax's own primitive (custom rules, loops and conds whole, by the user's rules), except the
+ones where ``run`` takes kink decisions (``kink_calls``), which go through their lowering, gradcheck.ops on
+jax, as the pin reaches them on the tape and torch.
+
 The key-dependent part of a jaxpr (random bits, dropout masks) is evaluated once, by jax
 (``evaluate_constants``), and handed to ``run`` as ``known`` values: the equations that only compute known
 values are not run, so every backend sees jax's own masks.  ``constant_part`` says which variables that
@@ -43,6 +48,7 @@ from gradcheck.frontends.jax.primitives import (
     Context,
     LoweringError,
     is_float_dtype,
+    raw_or_traced,
     run_float,
     where,
 )
@@ -96,6 +102,31 @@ def run_equation(eqn, site: tuple, i: int, args, ctx_facts, known: dict | None =
     walk = _Run(_floats(ctx_facts), known)
     invals = [walk.argument(a) for a in args]
     return walk.equation(eqn, invals, HIGHER.get(eqn.primitive.name), site, i, ((i, eqn),))
+
+
+def kink_calls(closed_jaxpr, args, ctx_facts, known: dict | None = None) -> dict:
+    """How many kink op calls (``gradcheck.check.kinks``) ``run`` makes in each equation, at ``args`` (numpy):
+    ``(site, index) -> count``, a call's body's counted in the call too; equations that make none are left out."""
+    from gradcheck.check import cost, kinks
+
+    walk = _Counting(_floats(ctx_facts), known)
+    jaxpr, consts = _open(closed_jaxpr)
+    _arity("kink_calls", jaxpr, args)
+    with cost.counting(), kinks.recording(stats=False) as walk.recording:
+        walk.jaxpr(jaxpr, consts, [walk.argument(a) for a in args], (), ())
+    return walk.counts
+
+
+def run_pinned(closed_jaxpr, args, ctx_facts, known: dict | None, calls: dict) -> list:
+    """The jaxpr's outputs by jax, on jax values, with its kinks pinned (``gradcheck.check.kinks.pinned``): every
+    equation bound as jax's own primitive, custom rules, loops and conds whole (jax differentiates them by the
+    user's rules), except where ``run`` makes kink op calls outside those (``calls``, from ``kink_calls``): there
+    the lowering, gradcheck.ops on jax, which the pin reaches.  The kink calls a custom rule, loop or cond holds
+    are passed over in the pin's order (``kinks.skip``): they stay jax's own decisions."""
+    walk = _Pinned(_floats(ctx_facts), known, calls)
+    jaxpr, consts = _open(closed_jaxpr)
+    _arity("run_pinned", jaxpr, args)
+    return walk.jaxpr(jaxpr, consts, list(args), (), ())
 
 
 def constant_part(closed_jaxpr, const_invars) -> set:
@@ -295,6 +326,60 @@ class _Run(_Walk):
         return _branch_index(int(np.asarray(o.to_numpy(x)).reshape(())), n)
 
 
+class _Counting(_Run):
+    """``run``'s walk on numpy, counting the kink op calls each equation makes (``kink_calls``)."""
+
+    def __init__(self, floats, known):
+        super().__init__(floats, known)
+        self.recording = None
+        self.counts: dict = {}
+
+    def equation(self, eqn, invals, handler, site, i, trail) -> list:
+        before = len(self.recording.branches)
+        outs = super().equation(eqn, invals, handler, site, i, trail)
+        if len(self.recording.branches) > before:
+            self.counts[(site, i)] = len(self.recording.branches) - before
+        return outs
+
+
+# Calls whose body runs once, walked by the pinned run so that the kinks in them are pinned; every other
+# higher-order equation (custom rules, loops, conds) is bound whole.
+_WALKED = frozenset({"jit", "pjit", "closed_call", "core_call", "remat2", "checkpoint", "remat"})
+
+
+class _Pinned(_Walk):
+    """jax's own primitives on jax values, the kink-taking equations through their lowerings (``run_pinned``)."""
+
+    def __init__(self, floats, known, calls: dict):
+        super().__init__(known)
+        self.floats = floats
+        self.calls = calls
+
+    def constant(self, x):
+        return _jax_value(x)
+
+    def literal(self, lit):
+        return _jax_value(np.asarray(lit.val))
+
+    def equation(self, eqn, invals, handler, site, i, trail) -> list:
+        from gradcheck.check import kinks
+
+        name = eqn.primitive.name
+        if name in _WALKED:
+            return handler(self, eqn, invals, site, i, trail)
+        if name == "custom_jvp_call" and _is_relu(eqn.params["call_jaxpr"]) and _is_float_value(invals[0]):
+            return [o.relu(invals[0])]  # as ``run`` lowers it (``_custom_jvp``): the kink the pin reaches
+        calls = self.calls.get((site, i), 0)
+        if handler is None and calls:
+            at = kinks.mark()
+            try:
+                return apply(Context(self.floats, eqn, _outer(trail)), eqn, invals)
+            except TypeError:  # a lowering that reads its operands' values (numpy on them), which a trace has not
+                kinks.rewind(at)
+        kinks.skip(calls)
+        return _bind(eqn, invals, False)
+
+
 def _is_float_value(x) -> bool:
     return np.dtype(o.dtype_of(x)).kind == "f"
 
@@ -363,7 +448,7 @@ def _in_jaxpr_dtype(ctx: Context, v, dt):
         if isinstance(v, (bool, int, float)):
             return np.asarray(v, target)
         return v if np.dtype(o.dtype_of(v)) == target else o.astype(v, target)
-    a = v if isinstance(v, np.ndarray) else np.asarray(o.to_numpy(v))
+    a = v if isinstance(v, np.ndarray) else raw_or_traced(v)
     want = np.dtype(dt)
     return a if a.dtype == want else a.astype(want)
 

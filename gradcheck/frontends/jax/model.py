@@ -10,7 +10,9 @@ the framework's, and a tolerance rule ``layer = "BatchNorm"`` reaches it.
 Calling it dispatches on what its leaves hold:
 
 * jax arrays or tracers (the jax backend): the user's own model (``frameworks.Model.call``), which jax
-  differentiates with its own rules, the user's ``custom_jvp`` and ``custom_vjp`` among them;
+  differentiates with its own rules, the user's ``custom_jvp`` and ``custom_vjp`` among them; a float32 run
+  pinned to the float64 reference's kinks, the float32 jaxpr by jax's own primitives and the user's rules, its
+  kinks through gradcheck.ops where the pin reaches them (``interpreter.run_pinned``);
 * tape tensors and torch tensors: the model's jaxpr, each primitive lowered to ``gradcheck.ops``
   (``interpreter.run``), traced once per run dtype (float64 with every float dtype widened, float32 as the
   user wrote it);
@@ -117,6 +119,7 @@ class Program:
         self.unfaithful = ""  # why the float64 jaxpr's forward differs from the model's own, or ""
         self.verified = False
         self._watch = None  # (site, i, eqn, invals, outs) -> outs, while a replay records or probes (``watching``)
+        self._calls: dict[str, dict] = {}  # run dtype -> kink calls per equation (``_kink_calls``)
 
     @contextlib.contextmanager
     def watching(self, watch):
@@ -235,7 +238,9 @@ class Program:
         params, buffers = self.values(root)
         backend = interpreter.backend_of_values(list(params.values()) + list(buffers.values()) + list(inputs))
         floats = interpreter.float_dtype_of(list(params.values()) + list(buffers.values()) + list(inputs))
-        if backend == "jax":
+        if backend == "jax" and self._pinned_here(floats):
+            picked, new = self._pinned(params, buffers, inputs, floats)
+        elif backend == "jax":
             out, new = self.model_at(floats).call(params, buffers, tuple(inputs), self.model.key)
             leaves = jax.tree_util.tree_leaves(out)
             picked = [leaves[i] for i in self.traced(floats).floats]
@@ -256,6 +261,39 @@ class Program:
             picked, new = self._run(params, buffers, inputs, floats)
         self.set_buffers(root, new)
         return picked[0] if len(picked) == 1 else tuple(picked)
+
+    def _pinned_here(self, floats) -> bool:
+        """Whether jax's run of this call is pinned to the reference's kinks: a float32 run under a pin
+        (``gradcheck.check.kinks.pinned``), of a jaxpr the tape and torch run too.  The float64 run, which
+        decides, stays the user's own code."""
+        from gradcheck.check import kinks
+
+        state = kinks.active()
+        return (state is not None and state.mode == "pin" and np.dtype(floats) != np.float64 and self.verified
+                and not (self.problems or self.unfaithful))
+
+    def _pinned(self, params, buffers, inputs, floats):
+        """jax's run of the jaxpr with its kinks pinned (``interpreter.run_pinned``): (the float outputs, the new
+        buffers).  A float32 forward lands on either side of a kink within its rounding, and jax runs the user's
+        code, which no pin reaches; so its pinned float32 run binds jax's own primitives, and the user's custom
+        rules, equation by equation, and only the kink-taking equations go through gradcheck.ops, as on the tape
+        and torch.  Its float32 error then measures rounding, as theirs does."""
+        t = self.traced(floats)
+        args = jax.tree_util.tree_leaves((params, buffers, tuple(inputs), self.model.key))
+        outs = interpreter.run_pinned(t.closed, args, floats, t.known, self._kink_calls(floats))
+        out, new = jax.tree_util.tree_unflatten(t.out_tree, outs)
+        leaves = jax.tree_util.tree_leaves(out)
+        return [_narrowed(leaves[i], floats) for i in t.floats], {k: _narrowed(v, floats) for k, v in new.items()}
+
+    def _kink_calls(self, floats) -> dict:
+        """How many kink calls each equation of the run dtype's jaxpr makes on the tape (``interpreter.kink_calls``),
+        at the model's own values (a while loop's or a cond's count depends on them): once per run dtype."""
+        name = np.dtype(floats).name
+        if name not in self._calls:
+            m, t = self.model_at(floats), self.traced(floats)
+            args = [np.asarray(a) if not _is_key(a) else a for a in jax.tree_util.tree_leaves(m.args())]
+            self._calls[name] = interpreter.kink_calls(t.closed, args, floats, t.known)
+        return self._calls[name]
 
     def unavailable_because(self) -> str:
         if self.unfaithful:
@@ -346,6 +384,10 @@ def _narrowed(x, floats):
     if dt is not None and jnp.issubdtype(dt, jnp.floating) and np.dtype(dt).itemsize > np.dtype(floats).itemsize:
         return x.astype(floats)
     return x
+
+
+def _is_key(x) -> bool:
+    return isinstance(x, jax.Array) and jnp.issubdtype(x.dtype, jax.dtypes.prng_key)
 
 
 def _beyond(want: np.ndarray, got: np.ndarray, tol) -> str:

@@ -175,6 +175,17 @@ def _raw(x) -> np.ndarray:
     return np.asarray(o.to_numpy(x))
 
 
+def raw_or_traced(x):
+    """A comparison's result as numpy; a traced jax one (jax's pinned float32 run, ``interpreter.run_pinned``, where
+    the comparison is the pinned kink) as it is."""
+    try:
+        return _raw(x)
+    except TypeError:
+        if backend_of(x) == "jax":
+            return x
+        raise
+
+
 def _is_float(x) -> bool:
     return np.dtype(o.dtype_of(x)).kind == "f"
 
@@ -304,7 +315,7 @@ def sign(ctx, x):
     """-1, 0 or 1 from two comparisons (recorded kinks); piecewise constant, so no gradient flows."""
     if not _is_float(x):
         return np.sign(_raw(x))
-    pos, neg = _raw(o.greater(x, 0.0)), _raw(o.less(x, 0.0))
+    pos, neg = raw_or_traced(o.greater(x, 0.0)), raw_or_traced(o.less(x, 0.0))
     return (pos.astype(ctx.floats) - neg.astype(ctx.floats)).astype(ctx.floats)
 
 
@@ -376,12 +387,12 @@ def _compare(name: str, on_floats, on_ints):
     lower(name)(lowering)
 
 
-_compare("gt", lambda a, b: _raw(o.greater(a, b)), np.greater)
-_compare("lt", lambda a, b: _raw(o.less(a, b)), np.less)
-_compare("eq", lambda a, b: _raw(o.equal(a, b)), np.equal)
-_compare("ne", lambda a, b: ~_raw(o.equal(a, b)), np.not_equal)
-_compare("ge", lambda a, b: _raw(o.greater(a, b)) | _raw(o.equal(a, b)), np.greater_equal)
-_compare("le", lambda a, b: _raw(o.less(a, b)) | _raw(o.equal(a, b)), np.less_equal)
+_compare("gt", lambda a, b: raw_or_traced(o.greater(a, b)), np.greater)
+_compare("lt", lambda a, b: raw_or_traced(o.less(a, b)), np.less)
+_compare("eq", lambda a, b: raw_or_traced(o.equal(a, b)), np.equal)
+_compare("ne", lambda a, b: ~raw_or_traced(o.equal(a, b)), np.not_equal)
+_compare("ge", lambda a, b: raw_or_traced(o.greater(a, b)) | raw_or_traced(o.equal(a, b)), np.greater_equal)
+_compare("le", lambda a, b: raw_or_traced(o.less(a, b)) | raw_or_traced(o.equal(a, b)), np.less_equal)
 
 
 @lower("select_n")
