@@ -107,3 +107,18 @@ def test_the_users_rule_still_runs_in_jaxs_pinned_float32(wrong):
             leaf.float32.message for leaf in res.leaves if leaf.path == "input"), _failing(res)
     else:
         assert not imprecise and res.float32 == "ok", _failing(res)
+
+
+def test_a_pinned_run_that_fails_is_run_again_unpinned_with_a_note(monkeypatch):
+    """Where jax's float32 jaxpr cannot be run pinned, jax's float32 run is the user's own code again, said in the
+    notes and in ``unpinned``, and the case still runs on every backend (here: imprecise, as unpinned above)."""
+    from gradcheck.frontends.jax import interpreter
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("an equation the pinned walk cannot bind")
+
+    monkeypatch.setattr(interpreter, "run_pinned", broken)
+    res = run_case(_case(0), RunOptions(repeat=False))
+    assert res.verdict == "agree" and not res.errors and not res.unavailable, _failing(res)
+    assert res.unpinned == ["jax"], _failing(res)
+    assert any(n.startswith("jax: float32 not pinned") and "could not be run pinned" in n for n in res.notes), res.notes

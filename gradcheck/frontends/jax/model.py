@@ -278,9 +278,17 @@ class Program:
         code, which no pin reaches; so its pinned float32 run binds jax's own primitives, and the user's custom
         rules, equation by equation, and only the kink-taking equations go through gradcheck.ops, as on the tape
         and torch.  Its float32 error then measures rounding, as theirs does."""
+        from gradcheck.check import kinks
+
         t = self.traced(floats)
         args = jax.tree_util.tree_leaves((params, buffers, tuple(inputs), self.model.key))
-        outs = interpreter.run_pinned(t.closed, args, floats, t.known, self._kink_calls(floats))
+        try:
+            outs = interpreter.run_pinned(t.closed, args, floats, t.known, self._kink_calls(floats))
+        except kinks.KinkMismatch:
+            raise
+        except Exception as exc:  # noqa: BLE001 - the runner runs it again unpinned (the user's own code), noted
+            raise kinks.KinkMismatch(f"jax's float32 jaxpr could not be run pinned ({type(exc).__name__}: "
+                                     f"{str(exc)[:200]})") from exc
         out, new = jax.tree_util.tree_unflatten(t.out_tree, outs)
         leaves = jax.tree_util.tree_leaves(out)
         return [_narrowed(leaves[i], floats) for i in t.floats], {k: _narrowed(v, floats) for k, v in new.items()}
