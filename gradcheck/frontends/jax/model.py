@@ -299,8 +299,7 @@ class Program:
         name = np.dtype(floats).name
         if name not in self._calls:
             m, t = self.model_at(floats), self.traced(floats)
-            args = [np.asarray(a) if not _is_key(a) else a for a in jax.tree_util.tree_leaves(m.args())]
-            self._calls[name] = interpreter.kink_calls(t.closed, args, floats, t.known)
+            self._calls[name] = interpreter.kink_calls(t.closed, jax.tree_util.tree_leaves(m.args()), floats, t.known)
         return self._calls[name]
 
     def unavailable_because(self) -> str:
@@ -392,10 +391,6 @@ def _narrowed(x, floats):
     if dt is not None and jnp.issubdtype(dt, jnp.floating) and np.dtype(dt).itemsize > np.dtype(floats).itemsize:
         return x.astype(floats)
     return x
-
-
-def _is_key(x) -> bool:
-    return isinstance(x, jax.Array) and jnp.issubdtype(x.dtype, jax.dtypes.prng_key)
 
 
 def _beyond(want: np.ndarray, got: np.ndarray, tol) -> str:
