@@ -108,7 +108,6 @@ def _flaxmodels(name: str, seed: int):
 
 def _haiku(name: str, seed: int):
     import haiku as hk
-    import jax
     import jax.random as jr
 
     import gradcheck
