@@ -1,8 +1,7 @@
-"""Third-party JAX models through ``from_jax``: equimo's equinox vision models, flaxmodels' flax.linen ResNet, haiku's.
+"""Third-party JAX models through ``from_jax``: equimo's, flaxmodels', haiku's and vitax's.
 
-Not a test and not a dependency: it needs ``equimo``, ``flaxmodels`` and ``dm-haiku`` (and equinox, flax, jax
-and torch),
-which the project does not install.  Each model is built with random initialisation from
+Not a test and not a dependency: it needs ``equimo``, ``flaxmodels``, ``dm-haiku`` and ``vitax`` (and equinox,
+flax, jax and torch), which the project does not install.  Each model is built with random initialisation from
 ``jax.random.key(seed)`` (nothing is downloaded) and 10 classes, at a small configuration of its own
 constructor or its smallest registered variant, with float32 parameters, as a user builds them:
 
@@ -16,7 +15,11 @@ constructor or its smallest registered variant, with float32 parameters, as a us
   BatchNorm state updated; parameters haiku initialises to zeros, the ResNet's logits among them, get small random
   values, ``_unzeroed``), and a two-block pre-norm transformer encoder written from haiku's own modules
   (``hk.Embed``, ``hk.MultiHeadAttention``, ``hk.LayerNorm``, ``hk.nets.MLP`` with gelu, ``hk.dropout`` at 0.1)
-  on a batch of 2 sequences of 16 token ids.
+  on a batch of 2 sequences of 16 token ids;
+* vitax's flax.nnx ``VisionTransformer`` (``pip install --no-deps vitax``; its model module is loaded alone, as its
+  package imports transformers' Flax ViT, gone in transformers 5) at 2 blocks, hidden 32, on a batch of 2 NHWC
+  32x32 images, in ``train()`` mode: dropout 0.1 in the embeddings, the attention and the MLP, drawn from the
+  module's own ``Rngs``.
 
 Each case is checked on the tape, torch and jax through ``third_party.py``, the harness it shares with
 ``timm_models.py`` and ``hf_models.py``: one fresh process per (model, seed), one JSON line per run appended to
@@ -55,6 +58,8 @@ MODELS = {
     "haiku_resnet18": ("ResNet18", {}, 32),
     "haiku_mobilenetv1": ("MobileNetV1", {}, 32),
     "haiku_transformer": ("", dict(vocab=50, length=16, width=64, heads=4, blocks=2), 16),
+    "vitax_vit": ("VisionTransformer", dict(img_size=32, patch_size=8, num_layers=2, num_heads=2, mlp_dim=64,
+                                            hidden_size=32, dropout_rate=0.1, fsdp=False), 32),
 }
 
 
@@ -63,7 +68,7 @@ def child(name: str, seed: int) -> dict:
     import jax
 
     t0 = time.perf_counter()
-    build = _flaxmodels if name.startswith("flaxmodels_") else _haiku if name.startswith("haiku_") else _equimo
+    build = {"flaxmodels": _flaxmodels, "haiku": _haiku, "vitax": _vitax}.get(name.split("_")[0], _equimo)
     case, model = build(name, seed)
     row = {"model": name, "seed": seed, "class": type(model).__name__, "image": MODELS[name][2],
            "capture_s": round(time.perf_counter() - t0, 2), "float64_computes_in": case.float64_computes_in}
@@ -104,6 +109,31 @@ def _flaxmodels(name: str, seed: int):
     variables = model.init(jr.key(seed), x, train=True)
     case = gradcheck.from_jax(model, variables, x, train=True, mutable=["batch_stats"], name=name, seed=seed)
     return case, variables["params"]
+
+
+def _vitax(name: str, seed: int):
+    import importlib.util
+    import pathlib
+
+    import jax.random as jr
+    from flax import nnx
+
+    import gradcheck
+
+    # vitax's package __init__ imports transformers' Flax ViT, which transformers 5 no longer has; the model's own
+    # module imports only jax and flax, so it is loaded alone.
+    spec = importlib.util.find_spec("vitax")
+    if spec is None:
+        raise ImportError("vitax is not installed (pip install --no-deps vitax)")
+    path = pathlib.Path(spec.submodule_search_locations[0]) / "models" / "vit.py"
+    loaded = importlib.util.spec_from_file_location("vitax_models_vit", path)
+    vit = importlib.util.module_from_spec(loaded)
+    loaded.loader.exec_module(vit)
+    attr, kwargs, size = MODELS[name]
+    model = getattr(vit, attr)(**kwargs, num_classes=10, rngs=nnx.Rngs(seed))
+    model.train()  # dropout on, drawn from the model's own Rngs
+    x = jr.normal(jr.key(1000 + seed), (BATCH, size, size, 3))
+    return gradcheck.from_jax(model, x, name=name, seed=seed), nnx.state(model, nnx.Param)
 
 
 def _haiku(name: str, seed: int):
