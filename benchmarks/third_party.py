@@ -49,6 +49,9 @@ def check_case(case, row: dict) -> dict:
                             for leaf in res.leaves if leaf.verdict != "agree"][:12],
                disagreeing_roles=dict(collections.Counter(leaf.role for leaf in res.leaves
                                                           if leaf.verdict == "disagree")))
+    if res.origin is not None:
+        o = res.origin
+        row["origin"] = {"kind": o.kind, "path": o.path, "layer": o.layer, "blame": list(o.blame)}
     row["clean"] = (res.verdict == "agree" and not res.unavailable and not res.errors
                     and res.float32 != "imprecise")
     return row

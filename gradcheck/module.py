@@ -208,3 +208,20 @@ def _infer_kind(module, name, value):
         f"field '{name}' of {type(module).__name__} holds a {type(value).__name__} but is not "
         "marked; declare it with param(), buffer(), static() or child()"
     )
+
+
+_node_classes: dict = {}
+
+
+def node_class(name: str, base: type, fields: tuple[tuple[str, str], ...], module: str) -> type:
+    """A Module class named after a framework's class (a frontend's tree of a model), with these fields, each
+    ``(name, kind)``, kind "param", "buffer", "child" or "inline" (a child whose leaves are named without its
+    field: a jax model's modules, whose leaves carry the framework's full names); made once per layout.
+    ``module`` is the frontend's module, where the class says it comes from."""
+    key = (name, base, fields, module)
+    if key not in _node_classes:
+        make = {"param": param, "buffer": buffer, "child": child, "inline": lambda: child(inline=True)}
+        namespace = {"__annotations__": {f: "object" for f, _ in fields}, "__module__": module, "__qualname__": name}
+        namespace.update({f: make[kind]() for f, kind in fields})
+        _node_classes[key] = type(name, (base,), namespace)
+    return _node_classes[key]

@@ -130,3 +130,54 @@ def float32_gradient(monkeypatch, backend: str, path: str, change) -> None:
         return ev
 
     monkeypatch.setattr(driver, "evaluate", evaluate)
+
+
+def wrong_jax_tanh(monkeypatch, backend: str, factor: float) -> None:
+    """For ``from_jax`` models: ``backend``'s gradient of jax's ``tanh`` ``factor`` times too large, its value
+    untouched: the tape's and torch's lowering of the primitive (``primitives.LOWERINGS``), or jax's own rule for
+    it (its JVP), as a bug in jax would be.  jax's caches are cleared, so that no program traced with the right
+    rule is reused (clear them again after the test: nothing traced under the fault may outlive it)."""
+    import jax
+    import numpy as np
+
+    from gradcheck.backends import backend_of
+    from gradcheck.frontends.jax import primitives
+
+    if backend == "jax":
+        from jax import lax
+        from jax._src.interpreters import ad
+
+        right_jvp = ad.primitive_jvps[lax.tanh_p]
+
+        def wrong_jvp(primals, tangents, **params):
+            out, tangent = right_jvp(primals, tangents, **params)
+            return out, (tangent if type(tangent) is ad.Zero else tangent * factor)
+
+        monkeypatch.setitem(ad.primitive_jvps, lax.tanh_p, wrong_jvp)
+        jax.clear_caches()
+        return
+    if backend == "tape":
+        from gradcheck.backends.tape.tape import Primitive
+
+        bad = Primitive("wrong_tanh", np.tanh).defvjp(
+            lambda g, ans, x: ops.mul(ops.mul(g, ops.sub(1.0, ops.mul(ans, ans))), factor))
+    else:
+        import torch
+
+        class WrongTanh(torch.autograd.Function):
+            @staticmethod
+            def forward(ctx, x):
+                y = torch.tanh(x)
+                ctx.save_for_backward(y)
+                return y
+
+            @staticmethod
+            def backward(ctx, g):
+                (y,) = ctx.saved_tensors
+                return g * (1 - y * y) * factor
+
+        bad = WrongTanh.apply
+    right = primitives.LOWERINGS["tanh"]
+    monkeypatch.setitem(primitives.LOWERINGS, "tanh", lambda ctx, x, **kw: bad(x) if backend_of(x) == backend
+                        else right(ctx, x, **kw))
+

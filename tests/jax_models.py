@@ -390,12 +390,82 @@ def make_jax_stateful():
     state = {"mean": jnp.zeros(5, jnp.float32), "steps": jnp.zeros((), jnp.int32)}
     return stateful_model, (params, _normal(1, (4, 5))), {"state": state}
 
+# --- one model three ways: a tanh with a learnt scale between two dense layers (the origin tests' model) ---------
+
+
+class LinenSquash(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+        a = self.param("a", lambda key, shape: jnp.linspace(0.5, 1.5, shape[0], dtype=F32), (x.shape[-1],))
+        return a * jnp.tanh(x)
+
+
+class LinenSquashNet(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+        return nn.Dense(3, name="outer")(LinenSquash(name="squash")(nn.Dense(6, name="inner")(x)))
+
+
+def make_linen_squash_net():
+    module, x = LinenSquashNet(), _normal(3, (4, 5))
+    return module, (_init(module, x), x), {}
+
+
+class NnxSquash(nnx.Module):
+    def __init__(self, n):
+        self.a = nnx.Param(jnp.linspace(0.5, 1.5, n, dtype=F32))
+
+    def __call__(self, x):
+        return self.a[...] * jnp.tanh(x)
+
+
+class NnxSquashNet(nnx.Module):
+    def __init__(self, rngs):
+        self.inner = nnx.Linear(5, 6, rngs=rngs)
+        self.squash = NnxSquash(6)
+        self.outer = nnx.Linear(6, 3, rngs=rngs)
+
+    def __call__(self, x):
+        return self.outer(self.squash(self.inner(x)))
+
+
+def make_nnx_squash_net():
+    return NnxSquashNet(nnx.Rngs(0)), (_normal(3, (4, 5)),), {}
+
+
+class EqxSquash(eqx.Module):
+    a: jax.Array
+
+    def __call__(self, x):
+        return self.a * jnp.tanh(x)
+
+
+class EqxSquashNet(eqx.Module):
+    inner: eqx.nn.Linear
+    squash: EqxSquash
+    outer: eqx.nn.Linear
+
+    def __init__(self, key):
+        k1, k2 = jax.random.split(key)
+        self.inner = eqx.nn.Linear(5, 6, dtype=F32, key=k1)
+        self.squash = EqxSquash(jnp.linspace(0.5, 1.5, 6, dtype=F32))
+        self.outer = eqx.nn.Linear(6, 3, dtype=F32, key=k2)
+
+    def __call__(self, x):
+        return self.outer(self.squash(self.inner(x)))
+
+
+def make_equinox_squash_net():
+    return EqxSquashNet(jax.random.key(0)), (_normal(3, (5,)),), {}
+
 
 LINEN = {"mlp": make_linen_mlp, "cnn": make_linen_cnn, "resnet_block": make_linen_resnet_block,
-         "encoder_block": make_linen_encoder_block, "lstm": make_linen_lstm, "tied_lm": make_linen_tied_lm}
-NNX = {"mlp": make_nnx_mlp, "cnn": make_nnx_cnn, "transformer_block": make_nnx_transformer_block}
+         "encoder_block": make_linen_encoder_block, "lstm": make_linen_lstm, "tied_lm": make_linen_tied_lm,
+         "squash_net": make_linen_squash_net}
+NNX = {"mlp": make_nnx_mlp, "cnn": make_nnx_cnn, "transformer_block": make_nnx_transformer_block,
+       "squash_net": make_nnx_squash_net}
 EQUINOX = {"mlp": make_equinox_mlp, "cnn": make_equinox_cnn, "attention_block": make_equinox_attention_block,
-           "gru": make_equinox_gru}
+           "gru": make_equinox_gru, "squash_net": make_equinox_squash_net}
 JAX = {"function": make_jax_function, "wrong_vjp": make_jax_wrong_vjp, "stateful": make_jax_stateful}
 ALL = {f"{kind}_{name}": make for kind, table in (("linen", LINEN), ("nnx", NNX), ("equinox", EQUINOX), ("jax", JAX))
        for name, make in table.items()}

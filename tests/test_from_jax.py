@@ -25,6 +25,7 @@ pytest.importorskip("flax")
 pytest.importorskip("equinox")
 torch = pytest.importorskip("torch")
 
+import faults  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import jax_models as jm  # noqa: E402
 from jax import lax  # noqa: E402
@@ -187,21 +188,7 @@ def test_a_wrong_vjp_in_a_lowering_is_blamed_on_the_tape(monkeypatch):
 
 
 def test_a_wrong_backward_in_a_lowering_is_blamed_on_torch(monkeypatch):
-    class WrongTanh(torch.autograd.Function):
-        @staticmethod
-        def forward(ctx, x):
-            y = torch.tanh(x)
-            ctx.save_for_backward(y)
-            return y
-
-        @staticmethod
-        def backward(ctx, g):
-            (y,) = ctx.saved_tensors
-            return g * (1 - y * y) * 1.001
-
-    original = primitives.LOWERINGS["tanh"]
-    monkeypatch.setitem(primitives.LOWERINGS, "tanh", lambda ctx, x, **kw: WrongTanh.apply(x)
-                        if backend_of(x) == "torch" else original(ctx, x, **kw))
+    faults.wrong_jax_tanh(monkeypatch, "torch", 1.001)
     res = check_model("jax_function", dtype="float64")
     wrong = [leaf for leaf in res.leaves if leaf.verdict == "disagree"]
     assert wrong and all(leaf.blame == ["torch"] for leaf in wrong), failing(res)

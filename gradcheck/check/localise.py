@@ -172,6 +172,9 @@ class LayerCall:
     # The user's own backward code torch runs in this call's own code (a custom autograd.Function: "Name (file:line)"),
     # where the frontend can name it: torch's gradient there is that code's, not its forward's derivative.
     custom_backwards: list[str] = field(default_factory=list)
+    # The prefix the module's leaves are named under in the replay, where it is not ``path``: a jax model's
+    # module span holds the model's own leaves under the model's names (``frontends.jax.units``), prefix "".
+    leaf_prefix: str | None = None
 
     @property
     def name(self) -> str:
@@ -190,7 +193,8 @@ class LayerCall:
         """The replay's arguments and their prefixes: ``f``'s leaves are named as the model names them."""
         held = _Cotangent([_Held(np.asarray(c)) for c in self.cotangent])
         return ((self.module, tuple(self.args), dict(self.kwargs), held),
-                (self.path, self.input_prefix, self.kwargs_prefix, "cotangent"))
+                (self.path if self.leaf_prefix is None else self.leaf_prefix, self.input_prefix, self.kwargs_prefix,
+                 "cotangent"))
 
     def evaluate(self, backend) -> Evaluation:
         """The replay on one backend.  The leaves go in under neutral names, so that jax compiles once for

@@ -47,6 +47,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from gradcheck.frontends.jax import scopes
+
 OWN_KEYWORDS = ("name", "seed", "dtype")  # gradcheck's, never passed on to the model
 
 # What a leaf of the user's structures is to the check.
@@ -103,6 +105,7 @@ class Model:
     _run: Callable = field(default=None, repr=False, compare=False)
     root_class: str = ""  # the model's class name (a function's name for plain jax)
     layers: dict[str, tuple[str, str]] = field(default_factory=dict)  # leaf -> (owner's path, its class)
+    classes: dict[str, str] = field(default_factory=dict)  # every module's path -> its class (the replay's names)
 
     def call(self, params: Mapping, buffers: Mapping, inputs: tuple, key) -> tuple[Any, dict]:
         """``(outputs, new_buffers)``: the user's model at these arrays, pure (the Model is never changed).
@@ -267,6 +270,8 @@ class _Framework:
     # owners(names, seen) -> {leaf name: (owner path, owner class)}: the framework module owning each leaf, where
     # the framework has modules; ``seen`` is what the first trace saw (linen's modules, made inside apply).
     owners: Callable | None = None
+    # classes(seen) -> {module path: class name} for every module, as the module spans name them (``regions``).
+    classes: Callable | None = None
 
 
 def _linen(module, args, kwargs) -> _Framework:
@@ -312,7 +317,8 @@ def _linen(module, args, kwargs) -> _Framework:
         return out
 
     return _Framework("linen", name, form, variables, _slash, role_of, invoke, inputs, kwargs,
-                      rngs=dict(rngs or {}), owners=owners)
+                      rngs=dict(rngs or {}), owners=owners,
+                      classes=lambda seen: {"/".join(path): cls for path, cls in seen.items() if path})
 
 
 def _nnx(module, args, kwargs) -> _Framework:
@@ -333,28 +339,32 @@ def _nnx(module, args, kwargs) -> _Framework:
 
     def invoke(tree, args, kw, keys, widen):
         model = nnx.merge(graphdef, tree["param"], tree["batch"], tree["key"], tree["rest"])
+        modules = [(path, node) for path, node in nnx.iter_graph(model) if isinstance(node, nnx.Module)]
         if widen:
-            for _, node in nnx.iter_graph(model):
-                if isinstance(node, nnx.Module):
-                    _widen_attrs(node, list(vars(node)))
-        out = model(*args, **kw)
+            for _, node in modules:
+                _widen_attrs(node, list(vars(node)))
+        with scopes.module_scopes({id(node): (node, "/".join(str(p) for p in path)) for path, node in modules}):
+            out = model(*args, **kw)
         _, _, new_stats, _, new_rest = split(model)
         return out, {"batch": new_stats, "rest": new_rest}
 
+    def modules():
+        return {tuple(str(p) for p in path): type(node).__name__ for path, node in nnx.iter_graph(module)
+                if isinstance(node, nnx.Module) and path}
+
     def owners(names, seen):
-        modules = {tuple(str(p) for p in path): type(node).__name__ for path, node in nnx.iter_graph(module)
-                   if isinstance(node, nnx.Module) and path}
+        modules_at = modules()
         out = {}
         for leaf in names:
             parts = tuple(leaf.split("/"))
             for k in range(len(parts) - 1, 0, -1):
-                if parts[:k] in modules:
-                    out[leaf] = ("/".join(parts[:k]), modules[parts[:k]])
+                if parts[:k] in modules_at:
+                    out[leaf] = ("/".join(parts[:k]), modules_at[parts[:k]])
                     break
         return out
 
     return _Framework("nnx", name, f"{name}(*inputs)", tree, lambda path: _slash(path[1:]), role_of, invoke, args,
-                      owners=owners)
+                      owners=owners, classes=lambda seen: {"/".join(p): cls for p, cls in modules().items()})
 
 
 def _equinox(module, args, kwargs) -> _Framework:
@@ -393,13 +403,14 @@ def _equinox(module, args, kwargs) -> _Framework:
     def invoke(tree, args, kw, keys, widen):
         model, st = tree
         if widen:
-            for node in _equinox_modules(model, eqx.Module):
+            for _, node in _equinox_paths(model, eqx.Module):
                 _widen_attrs(node, [f.name for f in dataclasses.fields(node)])
         extra = {"key": keys["key"]} if "key" in keys else {}
-        if call is not None:
-            result = call(model, st, *args, **extra)
-        else:
-            result = model(*args, **extra) if st is None else model(*args, st, **extra)
+        with scopes.module_scopes({id(node): (node, path) for path, node in _equinox_paths(model, eqx.Module)}):
+            if call is not None:
+                result = call(model, st, *args, **extra)
+            else:
+                result = model(*args, **extra) if st is None else model(*args, st, **extra)
         if st is not None and isinstance(result, tuple) and len(result) == 2 and isinstance(result[1], eqx.nn.State):
             return result[0], (None, result[1])
         return result, (None, None)  # no state, or a call that returns its output alone: the state is unchanged
@@ -417,7 +428,9 @@ def _equinox(module, args, kwargs) -> _Framework:
         return out
 
     return _Framework("equinox", name, form, (module, state), name_of, role_of, invoke, args,
-                      is_leaf=is_index, takes_key=_takes_key(call if call is not None else module), owners=owners)
+                      is_leaf=is_index, takes_key=_takes_key(call if call is not None else module), owners=owners,
+                      classes=lambda seen: {path: type(node).__name__ for path, node in _equinox_paths(module, eqx.Module)
+                                            if path})
 
 
 def _equinox_owner(root, path, module_type) -> tuple[str, str] | None:
@@ -463,9 +476,10 @@ def _plain(fn, args, kwargs) -> _Framework:
     def invoke(tree, args, kw, keys, widen):
         p, s = tree
         extra = {"key": keys["key"]} if "key" in keys else {}
+        with scopes.haiku_scopes(haiku_classes):
+            result = fn(p, *args, **extra) if not with_state else fn(p, s, *args, **extra)
         if not with_state:
-            return fn(p, *args, **extra), (None, None)
-        result = fn(p, s, *args, **extra)
+            return result, (None, None)
         if not (isinstance(result, tuple) and len(result) == 2):
             raise CallFormError(f"from_jax: with state= given, {form} must return (output, new_state); "
                                 f"{name} returned {_what(result)}")
@@ -475,8 +489,9 @@ def _plain(fn, args, kwargs) -> _Framework:
                                 "return the updated state in the structure it was given")
         return result[0], (None, result[1])
 
+    haiku_classes: dict[str, str] = {}  # the haiku modules the function calls, if any (``scopes.haiku_scopes``)
     return _Framework("jax", name, form, (params, state), name_of, role_of, invoke, inputs,
-                      takes_key=_takes_key(fn))
+                      takes_key=_takes_key(fn), classes=lambda seen: dict(haiku_classes))
 
 
 _DESCRIBERS = {"jax": _plain, "linen": _linen, "nnx": _nnx, "equinox": _equinox}
@@ -522,7 +537,8 @@ def _model(fw: _Framework, name: str, seed: int, dtype: str | None) -> Model:
     outputs = tuple("output" + jax.tree_util.keystr(path) for path, leaf in jax.tree_util.tree_flatten_with_path(shapes[0])[0]
                     if jnp.issubdtype(leaf.dtype, jnp.inexact))
     layers = fw.owners([*model.params, *model.buffers], seen) if fw.owners is not None else {}
-    return replace(model, output_names=outputs, root_class=fw.name, layers=layers)
+    classes = fw.classes(seen) if fw.classes is not None else {}
+    return replace(model, output_names=outputs, root_class=fw.name, layers=layers, classes=classes)
 
 
 @dataclass(frozen=True)
@@ -732,18 +748,19 @@ def _linen_float64():
         nn.Module.__post_init__ = original
 
 
-def _equinox_modules(obj, module_type):
-    """The equinox modules in ``obj`` (a module, list, tuple or dict of them), outermost first."""
+def _equinox_paths(obj, module_type, path: str = ""):
+    """``(path, module)`` for the equinox modules in ``obj``, outermost first, paths as ``jax.tree_util.keystr``
+    writes them (``.layers[0]``; the root's is "")."""
     if isinstance(obj, module_type):
-        yield obj
+        yield path, obj
         for f in dataclasses.fields(obj):
-            yield from _equinox_modules(getattr(obj, f.name, None), module_type)
+            yield from _equinox_paths(getattr(obj, f.name, None), module_type, f"{path}.{f.name}")
     elif isinstance(obj, (list, tuple)):
-        for x in obj:
-            yield from _equinox_modules(x, module_type)
+        for k, x in enumerate(obj):
+            yield from _equinox_paths(x, module_type, f"{path}[{k}]")
     elif isinstance(obj, dict):
-        for x in obj.values():
-            yield from _equinox_modules(x, module_type)
+        for k, x in obj.items():
+            yield from _equinox_paths(x, module_type, f"{path}[{k!r}]")
 
 
 def _cast(x: np.ndarray, dt: np.dtype) -> np.ndarray:

@@ -104,6 +104,26 @@ def run_equation(eqn, site: tuple, i: int, args, ctx_facts, known: dict | None =
     return walk.equation(eqn, invals, HIGHER.get(eqn.primitive.name), site, i, ((i, eqn),))
 
 
+def run_span(eqns, site: tuple, inputs: list, outputs: list, args, ctx_facts, known: dict | None = None) -> list:
+    """Equations of the jaxpr at ``site`` alone (``(index, equation)`` pairs, in order: a module's span,
+    ``regions.Span``), on ``args``, the values of the variables ``inputs``; the values of ``outputs``.  Each
+    equation runs as ``run`` runs it there, with the constants ``known`` holds for that site."""
+    walk = _Run(_floats(ctx_facts), known)
+    here = walk.known.get(site, {})
+    env = {v: walk.argument(a) for v, a in zip(inputs, args)}
+    env.update((v, walk.constant(x)) for v, x in here.items())
+    for i, eqn in eqns:
+        invals = [walk.read(env, a) for a in eqn.invars]
+        outs = walk.equation(eqn, invals, HIGHER.get(eqn.primitive.name), site, i, ((i, eqn),))
+        env.update((v, x) for v, x in zip(eqn.outvars, outs) if is_var(v) and v not in here)
+    return [walk.read(env, v) for v in outputs]
+
+
+def live_equations(jaxpr, known_here: dict) -> list:
+    """``(index, equation)`` for the equations ``run`` runs in ``jaxpr`` (``known_here``: the site's known values)."""
+    return [(i, e) for i, (e, live) in enumerate(zip(jaxpr.eqns, _live(jaxpr, known_here))) if live]
+
+
 def kink_calls(closed_jaxpr, args, ctx_facts, known: dict | None = None) -> dict:
     """How many kink op calls (``gradcheck.check.kinks``) ``run`` makes in each equation, at ``args`` (numpy):
     ``(site, index) -> count``, a call's body's counted in the call too; equations that make none are left out."""
@@ -195,7 +215,8 @@ def _arity(what, jaxpr, args):
                          f"({', '.join(v.aval.str_short() for v in jaxpr.invars)}); give one value per invar, in order")
 
 
-def _is_var(a) -> bool:
+def is_var(a) -> bool:
+    """A variable (not a literal, not a dropped output)."""
     return isinstance(a, jcore.Var) and not isinstance(a, jcore.DropVar)
 
 
@@ -203,7 +224,7 @@ def _is_key_dtype(dt) -> bool:
     return jax.dtypes.issubdtype(dt, jax.dtypes.prng_key)
 
 
-def _by_site(known: dict | None) -> dict:
+def known_by_site(known: dict | None) -> dict:
     """``known`` as site -> {var: value}."""
     sites: dict = {}
     for key, value in (known or {}).items():
@@ -214,13 +235,13 @@ def _by_site(known: dict | None) -> dict:
 
 def _live(jaxpr, known_here) -> list[bool]:
     """Which equations compute something the outputs need that is not known (the rest is not run)."""
-    needed = {v for v in jaxpr.outvars if _is_var(v) and v not in known_here}
+    needed = {v for v in jaxpr.outvars if is_var(v) and v not in known_here}
     live = [False] * len(jaxpr.eqns)
     for i in range(len(jaxpr.eqns) - 1, -1, -1):
         eqn = jaxpr.eqns[i]
-        if any(v in needed for v in eqn.outvars if _is_var(v)):
+        if any(v in needed for v in eqn.outvars if is_var(v)):
             live[i] = True
-            needed.update(v for v in eqn.invars if _is_var(v) and v not in known_here)
+            needed.update(v for v in eqn.invars if is_var(v) and v not in known_here)
     return live
 
 
@@ -229,7 +250,7 @@ class _Walk:
     the control flow of scan, while and cond reads values (``index``, ``stack``, ``truth``, ``branch``)."""
 
     def __init__(self, known=None):
-        self.known = _by_site(known)
+        self.known = known_by_site(known)
         self._live_cache: dict = {}
 
     def jaxpr(self, jaxpr, consts, args, site: tuple, trail: tuple) -> list:
@@ -244,7 +265,7 @@ class _Walk:
             handler = HIGHER.get(eqn.primitive.name)
             outs = self.equation(eqn, invals, handler, site, i, trail + ((i, eqn),))
             for v, x in zip(eqn.outvars, outs):
-                if _is_var(v) and v not in here:
+                if is_var(v) and v not in here:
                     env[v] = x
         self.done(jaxpr, env, site)
         return [self.read(env, a) for a in jaxpr.outvars]
@@ -629,7 +650,7 @@ def _tap(jaxpr, consts, args, known: dict) -> dict:
                 if eqn.primitive.name not in HIGHER:
                     keys.append((site, i))
                     out.append(outs)
-            env.update((v, x) for v, x in zip(eqn.outvars, outs) if _is_var(v) and v not in here)
+            env.update((v, x) for v, x in zip(eqn.outvars, outs) if is_var(v) and v not in here)
         return [read(a) for a in jaxpr.outvars]
 
     def program(*args):
@@ -761,7 +782,7 @@ class _Constants(_Jax):
         read = [a for eqn in jaxpr.eqns if any(self._value(env, b) is _UNKNOWN for b in eqn.invars)
                 for a in eqn.invars]
         for a in read + list(jaxpr.outvars):
-            if _is_var(a) and a not in given and self._is_drawn(env.get(a, _UNKNOWN)):
+            if is_var(a) and a not in given and self._is_drawn(env.get(a, _UNKNOWN)):
                 self.found[a if not site else (site, a)] = _numpy_constant(env[a])
 
     def _value(self, env, a):
@@ -783,7 +804,7 @@ def _constant_flow(jaxpr, in_const) -> tuple[set, list[bool]]:
         ins = [is_const(a) for a in eqn.invars]
         flow = _FLOW.get(eqn.primitive.name)
         outs = [True] * len(eqn.outvars) if all(ins) else flow(eqn, ins) if flow else [False] * len(eqn.outvars)
-        const.update(v for v, c in zip(eqn.outvars, outs) if c and _is_var(v))
+        const.update(v for v, c in zip(eqn.outvars, outs) if c and is_var(v))
     return const, [is_const(a) for a in jaxpr.outvars]
 
 

@@ -41,7 +41,7 @@ from gradcheck.check.tolerance import ToleranceRules
 from gradcheck.frontends.jax import frameworks as fw
 from gradcheck.frontends.jax import interpreter
 from gradcheck.frontends.jax.primitives import LoweringError
-from gradcheck.module import Module, buffer, child, param, static
+from gradcheck.module import Module, node_class, static
 from gradcheck.ops import BackendOpMissing
 from gradcheck.tree import leaves_with_paths
 
@@ -80,21 +80,6 @@ class JaxLayer(Module):
 
     def __call__(self, *inputs):
         raise TypeError(f"{type(self).__name__} holds leaves of a jax model; call the root (the case's model)")
-
-
-_classes: dict = {}
-
-
-def _node_class(name: str, base: type, fields: tuple[tuple[str, str], ...]) -> type:
-    """A Module class named after the framework's class, with these fields (cached per layout)."""
-    key = (name, base, fields)
-    if key not in _classes:
-        make = {"param": param, "buffer": buffer, "child": lambda: child(inline=True)}
-        namespace = {"__annotations__": {f: "object" for f, _ in fields}, "__module__": __name__,
-                     "__qualname__": name}
-        namespace.update({f: make[kind]() for f, kind in fields})
-        _classes[key] = type(name, (base,), namespace)
-    return _classes[key]
 
 
 @dataclass
@@ -201,19 +186,25 @@ class Program:
         fields: list[tuple[str, str]] = [(n, kinds[n]) for n in top]
         children = {}
         for (path, cls), names in groups.items():
-            node = object.__new__(_node_class(cls, JaxLayer, tuple((n, kinds[n]) for n in names)))
+            node = object.__new__(node_class(cls, JaxLayer, tuple((n, kinds[n]) for n in names), __name__))
             for n in names:
                 object.__setattr__(node, n, np.array(values[n], copy=True))
             field = f"<{path}>"
-            fields.append((field, "child"))
+            fields.append((field, "inline"))
             children[field] = node
-        root = object.__new__(_node_class(m.root_class, JaxModel, tuple(fields)))
+        root = object.__new__(node_class(m.root_class, JaxModel, tuple(fields), __name__))
         for n in top:
             object.__setattr__(root, n, np.array(values[n], copy=True))
         for field, node in children.items():
             object.__setattr__(root, field, node)
         root._program = self
         return root
+
+    def leaf_names(self) -> list[str]:
+        """The model's parameters and buffers by name, in the order of the jaxpr's first invars (``tree_leaves``
+        of ``(params, buffers, inputs, key)``: each dict by sorted key)."""
+        flat, _ = jax.tree_util.tree_flatten_with_path((dict(self.model.params), dict(self.model.buffers)))
+        return [path[1].key for path, _ in flat]
 
     def values(self, root) -> tuple[dict, dict]:
         """``(params, buffers)`` by name, as the root's leaves hold them."""

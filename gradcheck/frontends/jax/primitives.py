@@ -41,6 +41,7 @@ import numpy as np
 
 from gradcheck import ops as o
 from gradcheck.backends import backend_of
+from gradcheck.frontends.jax import scopes
 
 LOWERINGS: dict[str, Callable] = {}
 
@@ -156,7 +157,7 @@ def where(eqn, outer: tuple = ()) -> str:
     from jax.extend import source_info_util
 
     chain = tuple(outer) + (eqn,)
-    path = "/".join(str(e.source_info.name_stack) for e in chain if str(e.source_info.name_stack))
+    path = scopes.path(chain)
     line = next((text for text in (source_info_util.summarize(e.source_info) for e in reversed(chain))
                  if text and not text.startswith("unknown")), "an unknown line")
     inside = " > ".join(_label(e) for e in outer)

@@ -78,6 +78,21 @@ def write_replay(unit, where, rec) -> dict:
     return meta
 
 
+def write_stored(where, rec, function: str, kind: str, operands: list[str], why: str) -> dict:
+    """``repro_jax.py`` for a unit no script can rebuild alone (``units.Region``): it prints the stored numbers."""
+    import jax
+
+    meta = {"function": function, "defined": "", "rule": kind,
+            "called": rec.source.rsplit(", from ", 1)[-1] if ", from " in rec.source else "",
+            "operands": operands, "num_consts": 0, "import_path": "", "args": None,
+            "jax_version": jax.__version__, "scripts": [SCRIPT], "unsupported": why}
+    script = importlib.resources.files(TEMPLATE[0]) / TEMPLATE[1]
+    (where / SCRIPT).write_text(script.read_text(encoding="utf-8"), encoding="utf-8")
+    meta["arrays"] = {}
+    meta["readme"] = _readme(meta, kind, function)
+    return meta
+
+
 def _readme(meta, kind, name) -> list[str]:
     if meta["import_path"]:
         module = meta["import_path"].split(":", 1)[0]

@@ -22,11 +22,14 @@ for (``LinenMLP/relu``, ``scaled_tanh``); its origin message says where the func
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 import numpy as np
 
-from gradcheck.frontends.jax import interpreter
+from gradcheck.frontends.jax import interpreter, regions, scopes
 from gradcheck.frontends.jax.facts import RULES, rule_name
-from gradcheck.module import Module, static
+from gradcheck.frontends.jax.primitives import is_float_dtype, where
+from gradcheck.module import Module, node_class, static
 
 
 class RuleCall(Module):
@@ -76,6 +79,95 @@ class Unit:
         return replay.write_replay(self, where, rec)
 
 
+class Region:
+    """A module's span of the jaxpr (``regions.Span``), and how each backend runs it alone: jax binds its
+    equations as they are (the user's rules run inside it), the tape, torch and numpy run their lowerings.
+
+    Its operands are the span's inputs: the model's own parameters and buffers it reads are leaves of its
+    replay module (``SpanCall``) under the model's names, so that their gradients are compared as the model's;
+    other float values (activations) are the replay's inputs, integer and bool ones (indices, masks) held."""
+
+    def __init__(self, program, span, operands: list, leaf_names: dict):
+        self.program = program
+        self.span = span
+        self.slots = []
+        for v, x in zip(span.inputs, operands):
+            if not _is_float(x):
+                self.slots.append(("held", np.array(x, copy=True)))
+            elif v in leaf_names:
+                self.slots.append(("leaf", leaf_names[v]))
+            else:
+                self.slots.append(("input", None))
+        self._jax = None
+
+    def __call__(self, module, inputs):
+        it = iter(inputs)
+        operands = [next(it) if kind == "input" else getattr(module, value) if kind == "leaf" else value
+                    for kind, value in self.slots]
+        if interpreter.backend_of_values(list(inputs) + [getattr(module, n) for k, n in self.slots if k == "leaf"]) \
+                == "jax":
+            if self._jax is None:
+                from jax.extend import core as jcore
+
+                span = self.span
+                info = jcore.DebugInfo("gradcheck's module replay", span.path, tuple(f"input.{k}" for k in range(
+                    len(span.inputs))), tuple(f"output.{k}" for k in range(len(span.outputs))))
+                body = jcore.Jaxpr([], span.inputs, span.outputs, [e for _, e in span.eqns], debug_info=info)
+                self._jax = jcore.jaxpr_as_fun(jcore.ClosedJaxpr(body, []))
+            return tuple(self._jax(*operands))
+        floats = interpreter.float_dtype_of([x for x, (kind, _) in zip(operands, self.slots) if kind != "held"])
+        # The span's equations are the float64 jaxpr's, so are the constants they read (a float32 replay
+        # runs them at float32, as ``run_equation`` runs a rule's).
+        known = self.program.traced("float64").known
+        return tuple(interpreter.run_span(self.span.eqns, self.span.site, self.span.inputs, self.span.outputs,
+                                          operands, floats, known))
+
+    def module(self, layer: str, operands: list, kinds: dict) -> Module:
+        """The replay's module: a ``SpanCall`` holding the model's leaves this span reads, at the values the
+        float64 reference read (``operands``, one per slot)."""
+        leaves = [(n, x) for (kind, n), x in zip(self.slots, operands) if kind == "leaf"]
+        cls = node_class(layer, SpanCall, tuple((n, kinds[n]) for n, _ in leaves), __name__)
+        node = object.__new__(cls)
+        for n, x in leaves:
+            object.__setattr__(node, n, np.array(x, copy=True))
+        object.__setattr__(node, "_call", self)
+        node.training = True
+        return node
+
+
+    def write_replay(self, where, rec) -> dict:
+        """The reproducer folder of a module span: its numbers, and a script that prints them.
+
+        A span is a piece of the model's jaxpr, not a function of the user's that a script could import and
+        call, so the script (the custom rules' one) cannot rebuild it without the model; it says so, prints
+        the stored reference and each backend's gradient, and exits 2.  ``gradcheck run`` with
+        ``--per-layer`` replays it again."""
+        from gradcheck.frontends.jax import replay
+
+        return replay.write_stored(where, rec, function=self.span.path, kind="module", operands=[
+            f"input.{k}" for k in range(sum(kind == "input" for kind, _ in self.slots))], why=(
+            f"{self.span.path} is {len(self.span.eqns)} equations of the model's jaxpr under that module path, "
+            "not a function of the model's code that can be imported and called alone; rerun gradcheck on the "
+            "model to replay it (--per-layer replays every module)"))
+
+
+class SpanCall(Module):
+    """A module's span, as a layer holding the model's leaves it reads: ``call(*activations) -> outputs``."""
+
+    _call: object = static()
+
+    def __init__(self):
+        raise TypeError("a SpanCall is made by gradcheck.frontends.jax.units")
+
+    def __call__(self, *inputs):
+        return self._call(self, inputs)
+
+    @property
+    def _unit(self):
+        """The span as ``gradcheck.repro`` writes it (``Region.write_replay``)."""
+        return self._call
+
+
 _KINDS = {"custom_jvp_call": "custom_jvp", "custom_vjp_call": "custom_vjp", "custom_vjp_call_jaxpr": "custom_vjp"}
 
 
@@ -85,6 +177,10 @@ def _is_float(x) -> bool:
     return np.dtype(ops.dtype_of(x)).kind == "f"
 
 
+def _is_float_var(v) -> bool:
+    return hasattr(v.aval, "dtype") and is_float_dtype(v.aval.dtype)
+
+
 def _function(eqn) -> tuple[str, str]:
     """``(name, "defined at file:line")`` of the function a rule equation stands for."""
     text = rule_name(eqn)
@@ -92,63 +188,113 @@ def _function(eqn) -> tuple[str, str]:
     return name.rsplit(".", 1)[-1] or eqn.primitive.name, (f"defined at {where}" if where else "")
 
 
-def _path(eqn, site_eqns: tuple) -> str:
+def _path(eqn, site_eqns: tuple, own: bool | None) -> str:
     """The call's name: the module path jax records (flax's name stack) and the function, ``LinenMLP/relu``."""
-    stack = "/".join(str(e.source_info.name_stack) for e in site_eqns + (eqn,) if str(e.source_info.name_stack))
+    stack = scopes.path(site_eqns + (eqn,), own)
     name, _ = _function(eqn)
     return f"{stack}/{name}" if stack else name
 
 
 def record(program, cr) -> tuple[list, list[str]]:
-    """Every custom rule call of the case's float64 forward, as ``localise.LayerCall`` records, and notes."""
+    """Every custom rule call and module span of the case's float64 forward, as ``localise.LayerCall`` records,
+    and notes."""
     from gradcheck import ops
     from gradcheck.backends.tape import tape
     from gradcheck.case import cast_floats
     from gradcheck.check import kinks
     from gradcheck.check.localise import LayerCall
-    from gradcheck.frontends.jax.primitives import where
 
     notes: list[str] = []
     if program.problems or program.unfaithful:
-        notes.append("per-rule replay: the tape and torch cannot run this model's jaxpr, so its custom rules cannot "
-                     "be replayed on them")
+        notes.append("per-module replay: the tape and torch cannot run this model's jaxpr, so its modules and "
+                     "custom rules cannot be replayed on them")
         return [], notes
+    traced = program.traced("float64")
+    spans = [s for s in regions.find(traced.closed, traced.known, _own_scopes(program))
+             if not (len(s.eqns) == 1 and s.eqns[0][1].primitive.name in RULES)]  # a rule call alone: its own unit
+    boundary: dict[tuple, set] = {}
+    for span in spans:
+        boundary.setdefault(span.site, set()).update(span.inputs + span.outputs)
     seen: dict[tuple, dict] = {}
+    values: dict[tuple, np.ndarray] = {}
 
     def keep(site, i, eqn, invals, outs):
         if eqn.primitive.name in RULES:
-            seen[site + ((i,),)] = {"eqn": eqn, "site": site, "i": i,
-                                   "operands": [np.array(ops.to_numpy(x), copy=True) for x in invals],
-                                   "outputs": [np.array(ops.to_numpy(x), copy=True) for x in outs]}
+            seen[(site, i)] = {"eqn": eqn, "site": site, "i": i,
+                               "operands": [np.array(ops.to_numpy(x), copy=True) for x in invals],
+                               "outputs": [np.array(ops.to_numpy(x), copy=True) for x in outs]}
+        wanted = boundary.get(site)
+        if wanted:
+            for v, x in [*zip(eqn.invars, invals), *zip(eqn.outvars, outs)]:
+                if interpreter.is_var(v) and v in wanted and (site, v) not in values:
+                    values[(site, v)] = np.array(ops.to_numpy(x), copy=True)
         return outs
 
     reference = cast_floats(cr.args64, np.float64)
     with program.watching(keep), kinks.suspended():
         cr.forward(*reference)
-    if not seen:
+    units: list[_Recorded] = []
+    for (site, i), rec in seen.items():
+        units.append(_Recorded(site, i, i, _rule_call(program, rec), outvars=list(rec["eqn"].outvars)))
+    classes = program.model.classes
+    model = program.model
+    top = traced.closed.jaxpr.invars
+    leaf_names = dict(zip(top, program.leaf_names()))
+    kinds = {**{n: "param" for n in model.params}, **{n: "buffer" for n in model.buffers}}
+    for span in spans:
+        if any((span.site, v) not in values for v in span.inputs + span.outputs):
+            continue  # not reached by this forward (a module in a branch not taken)
+        operands = [values[(span.site, v)] for v in span.inputs]
+        region = Region(program, span, operands, leaf_names if span.site == () else {})
+        layer = _layer_class(classes, span.stack)
+        activations = [x for x, (kind, _) in zip(operands, region.slots) if kind == "input"]
+        call = LayerCall(index=0, path=span.path, layer=layer, unit="layer",
+                         module=region.module(layer, operands, kinds), args=tuple(activations), kwargs={},
+                         output=tuple(values[(span.site, v)] for v in span.outputs), leaf_prefix="")
+        call.source = f"the {len(span.eqns)} equations jax recorded under {span.path}, from {_line(span)}"
+        units.append(_Recorded(span.site, span.first, span.last, call, depth=len(span.stack), outvars=span.outputs))
+    if not units:
         return [], notes
-    keys = sorted(seen)
-    built: dict[tuple, LayerCall] = {}
-    counts: dict[str, int] = {}
-    for key in keys:
-        rec = seen[key]
-        eqn = rec["eqn"]
-        around = _around(program, rec["site"])
-        path = _path(eqn, around)
-        name, defined = _function(eqn)
-        unit = Unit(program, eqn, rec["site"], rec["i"], rec["operands"])
-        floats = [x for x in rec["operands"] if x.dtype.kind == "f"]
-        call = LayerCall(index=0, path=path, layer=_KINDS.get(eqn.primitive.name, eqn.primitive.name), unit="layer",
-                         module=RuleCall(unit), args=tuple(floats), kwargs={}, output=tuple(rec["outputs"]),
-                         call=counts.get(path, 0))
-        counts[path] = call.call + 1
-        call.op = name
-        call.source = (f"{name} is a {call.layer} (jax runs its rule, the tape and torch its primal body)"
-                       + (f", {defined}" if defined else "") + f"; called at {where(eqn, around).split(' at ', 1)[-1]}")
-        built[key] = call
-    records = _order(built)
-    _cotangents(program, cr, built, tape)
+    records = _order(units)
+    _cotangents(program, cr, units, tape)
     return records, notes
+
+
+def _rule_call(program, rec):
+    """A rule call's ``localise.LayerCall``."""
+    from gradcheck.check.localise import LayerCall
+
+    eqn = rec["eqn"]
+    around = _around(program, rec["site"])
+    path = _path(eqn, around, _own_scopes(program))
+    name, defined = _function(eqn)
+    unit = Unit(program, eqn, rec["site"], rec["i"], rec["operands"])
+    floats = [x for x in rec["operands"] if x.dtype.kind == "f"]
+    call = LayerCall(index=0, path=path, layer=_KINDS.get(eqn.primitive.name, eqn.primitive.name), unit="layer",
+                     module=RuleCall(unit), args=tuple(floats), kwargs={}, output=tuple(rec["outputs"]))
+    call.op = name
+    call.source = (f"{name} is a {call.layer} (jax runs its rule, the tape and torch its primal body)"
+                   + (f", {defined}" if defined else "") + f"; called at {where(eqn, around).split(' at ', 1)[-1]}")
+    return call
+
+
+def _own_scopes(program) -> bool | None:
+    """Whether module paths are gradcheck's scopes (nnx, equinox: ``scopes.module_scopes``) or linen's own; for
+    a plain function, gradcheck's where it pushed any (haiku's modules), else the function's own named scopes."""
+    return {"nnx": True, "equinox": True, "linen": False}.get(program.model.kind)
+
+
+def _line(span) -> str:
+    """Where a span's first equation is in the user's code (``where`` without the module path)."""
+    text = where(span.eqns[0][1], span.around).split(" at ", 1)[-1]
+    stack = scopes.path(span.around + (span.eqns[0][1],))
+    return text[len(stack) + 2:] if stack and text.startswith(stack + ", ") else text
+
+
+def _layer_class(classes: dict, stack: tuple) -> str:
+    """The framework's class of the module a span's path names (``Model.classes``: linen's name stack starts
+    with the model's own class name, nnx's and equinox's scopes with a child's path), else "module"."""
+    return classes.get(scopes.join(stack)) or classes.get(scopes.join(stack[1:])) or "module"
 
 
 def _around(program, site: tuple) -> tuple:
@@ -164,67 +310,97 @@ def _around(program, site: tuple) -> tuple:
     return tuple(found)
 
 
-def _order(built: dict) -> list:
-    """The calls in start order, with start and end ticks and their enclosing call (by site: a call inside
-    another's body has a key that the outer's key prefixes, with the body's step in place of its index)."""
-    keys = sorted(built)
+@dataclass
+class _Recorded:
+    """A unit of the replay where the jaxpr has it: equations ``first``..``last`` at ``site``."""
 
-    def parent(key):
-        for j in range(len(key) - 1, 0, -1):
-            i, *_ = key[j - 1]
-            candidate = key[:j - 1] + ((i,),)
-            if candidate in built:
-                return candidate
-        return None
+    site: tuple
+    first: int
+    last: int
+    call: object  # its localise.LayerCall
+    depth: int = 1 << 30  # a module span's path length; a rule call is inside any span of the same equation
+    outvars: list = field(default_factory=list)  # the variables its outputs are (probed for their cotangents)
 
+    def key(self) -> tuple:
+        """Forward order, comparable across sites: a unit before the ones inside it."""
+        steps = tuple(x for i, part, t in self.site for x in (i, 1, part, t))
+        return steps + (self.first, 0, "", -self.last, self.depth)
+
+    def holds(self, other: _Recorded) -> bool:
+        if other is self:
+            return False
+        if other.site == self.site:
+            inside = self.first <= other.first and other.last <= self.last
+            return inside and (self.first, -self.last, self.depth) < (other.first, -other.last, other.depth)
+        n = len(self.site)
+        return (len(other.site) > n and other.site[:n] == self.site
+                and self.first <= other.site[n][0] <= self.last)
+
+
+def _order(units: list[_Recorded]) -> list:
+    """The calls in start order, with start and end ticks and their enclosing call (the innermost unit that
+    holds one: a span holds the equations it runs and what runs inside them)."""
+    units = sorted(units, key=_Recorded.key)
     children: dict = {}
-    for key in keys:
-        children.setdefault(parent(key), []).append(key)
+    for k, u in enumerate(units):
+        parent = next((j for j in range(k - 1, -1, -1) if units[j].holds(u)), None)
+        children.setdefault(parent, []).append(k)
+    for k, u in enumerate(units):  # a span holding other units is a block: replayed where it can change the answer
+        if children.get(k) and u.depth < (1 << 30):
+            u.call.unit = "block"
     records: list = []
     tick = [0]
+    counts: dict[str, int] = {}
 
-    def visit(key, parent_index):
-        rec = built[key]
+    def visit(k, parent_index):
+        rec = units[k].call
         rec.index, rec.start, rec.parent = len(records), tick[0], parent_index
+        rec.call = counts.get(rec.path, 0)
+        counts[rec.path] = rec.call + 1
         tick[0] += 1
         records.append(rec)
-        for child in children.get(key, []):
+        for child in children.get(k, []):
             visit(child, rec.index)
         rec.end = tick[0]
         tick[0] += 1
 
-    for key in children.get(None, []):
-        visit(key, None)
+    for k in children.get(None, []):
+        visit(k, None)
     return records
 
 
-def _cotangents(program, cr, built: dict, tape) -> None:
-    """Each call's output cotangents from one float64 backward on the tape, through zero probes at the outputs."""
+def _cotangents(program, cr, units: list, tape) -> None:
+    """Each unit's output cotangents from one float64 backward on the tape, through zero probes at its outputs
+    (one probe per variable: a module's output that a rule call computes is probed once)."""
     from gradcheck import ops
     from gradcheck.case import cast_floats
     from gradcheck.check import kinks
 
-    probes: dict[tuple, list] = {}
+    wanted: dict[tuple, set] = {}
+    for u in units:
+        wanted.setdefault(u.site, set()).update(v for v in u.outvars if interpreter.is_var(v))
+    probes: dict[tuple, object] = {}
 
     def probe(site, i, eqn, invals, outs):
-        key = site + ((i,),)
-        if key not in built:
+        here = wanted.get(site)
+        if not here:
             return outs
-        mine, out = [], []
-        for x in outs:
-            if np.dtype(ops.dtype_of(x)).kind == "f":
+        out = []
+        for v, x in zip(eqn.outvars, outs):
+            if interpreter.is_var(v) and v in here and (site, v) not in probes and _is_float(x):
                 p = tape.Tensor(np.zeros(ops.shape_of(x), ops.dtype_of(x)), requires_grad=True)
-                mine.append(p)
+                probes[(site, v)] = p
                 x = ops.add(x, p)
             out.append(x)
-        probes[key] = mine
         return out
 
     reference = cast_floats(cr.args64, np.float64)
     with program.watching(probe), kinks.suspended():
         loss = cr.f64(*reference)[0]
-    flat = [p for key in built for p in probes.get(key, [])]
+    keys = list(probes)
+    flat = [probes[k] for k in keys]
     grads = tape.grad(loss, flat) if flat and isinstance(loss, tape.Tensor) else [np.zeros_like(p.value) for p in flat]
-    it = iter(grads)
-    for key, rec in built.items():
-        rec.cotangent = [np.asarray(next(it)) for _ in probes.get(key, [])]
+    by_key = dict(zip(keys, grads))
+    for u in units:
+        u.call.cotangent = [np.asarray(by_key[(u.site, v)]) if (u.site, v) in by_key else np.zeros(v.aval.shape)
+                            for v in u.outvars if _is_float_var(v)]

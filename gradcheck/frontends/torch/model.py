@@ -39,7 +39,7 @@ from gradcheck.frontends.torch.eager import (
     float_dtype_of,
 )
 from gradcheck.frontends.torch.facts import CaseFacts
-from gradcheck.module import Module, buffer, child, param, static
+from gradcheck.module import Module, node_class, static
 from gradcheck.tree import join, leaves_with_paths, owner_of
 
 # How close a graph read from the capture cache must come to the module's own float64 forward, relative to the
@@ -108,21 +108,6 @@ class TorchSubmodule(Module):
             raise TypeError(f"{type(self).__name__} is a part of a torch module's tree; call the root (the case's "
                             "model), or replay a recorded call (gradcheck.check.localise)")
         return self._unit(self, inputs)
-
-
-_classes: dict = {}
-
-
-def _node_class(name: str, base: type, fields: tuple[tuple[str, str], ...]) -> type:
-    """A Module class named after the torch class, with these fields (cached per layout)."""
-    key = (name, base, fields)
-    if key not in _classes:
-        make = {"param": param, "buffer": buffer, "child": child}
-        namespace = {"__annotations__": {f: "object" for f, _ in fields}, "__module__": __name__,
-                     "__qualname__": name}
-        namespace.update({f: make[kind]() for f, kind in fields})
-        _classes[key] = type(name, (base,), namespace)
-    return _classes[key]
 
 
 class Program:
@@ -282,7 +267,7 @@ class Program:
                     raise TypeError(
                         f"{self.name}: {join(prefix, name)!r} has the name of a gradcheck Module attribute; "
                         "rename it in the torch module (or wrap the module) to check it")
-            obj = object.__new__(_node_class(type(mod).__name__, base, tuple(fields)))
+            obj = object.__new__(node_class(type(mod).__name__, base, tuple(fields), __name__))
             for name, value in values.items():
                 object.__setattr__(obj, name, value)
             if frozen:
