@@ -1,23 +1,32 @@
-"""A jax model's custom rules as replay units: which ``custom_vjp`` or ``custom_jvp`` a disagreement starts in.
+"""A jax model's modules and custom rules as replay units: which one a disagreement starts in.
 
 ``gradcheck.check.localise`` replays each unit alone on every backend, at the point the float64 reference
-reached it, and finds the one whose own backward disagrees.  For a jax model the units are the calls of its
-custom rules (the user's ``custom_vjp``, ``jax.nn.relu``'s ``custom_jvp``), each an equation of the jaxpr:
-that is where jax's gradient is the user's own code and the tape's and torch's the primal math, so where a
-wrong rule shows.  Each backend runs a call its own way: jax binds the equation (the user's rule runs), the
-tape, torch and numpy run its primal body (``interpreter.run_equation``).
+reached it, and finds the one whose own backward disagrees.  A jax model has two kinds of unit:
+
+* **module calls** (``Region``): the equations jax recorded under one module path at one place of the jaxpr
+  (``regions.Span``: linen's name stack, or the scopes gradcheck pushes for nnx, equinox and haiku modules,
+  ``scopes``).  jax binds the span's equations; the tape, torch and numpy run their lowerings at that site
+  (``interpreter.run_span``).  The model's parameters and buffers the span reads are leaves of its replay
+  module (``SpanCall``) under the model's names; other float values are its inputs.  A wrong VJP anywhere,
+  a lowering's on the tape or torch or a primitive's rule in jax, shows in the innermost module around it.
+* **custom rule calls** (``Unit``): the user's ``custom_vjp``, ``jax.nn.relu``'s ``custom_jvp``, each an
+  equation: where jax's gradient is the user's own code and the tape's and torch's the primal math.  jax binds
+  the equation (the user's rule runs), the tape, torch and numpy run its primal body
+  (``interpreter.run_equation``).
 
 1. **Record.**  One float64 run of the jaxpr on numpy keeps every rule call's operands and outputs (a call in
-   a loop once per step); nested calls are children of the call around them.
-2. **Cotangents.**  One float64 backward on the tape, with a zero probe added to every call's float outputs,
-   gives the cotangent arriving at each.
-3. **Replay.**  ``RuleCall`` is the call as a layer: its float operands are the layer's inputs, its integer
-   and bool operands held as recorded.
+   a loop once per step) and the values at every span's boundary; a unit is the child of the innermost unit
+   holding it (``_order``).
+2. **Cotangents.**  One float64 backward on the tape, with a zero probe added to every unit's float outputs
+   (one per variable), gives the cotangent arriving at each.
+3. **Replay.**  ``RuleCall`` and ``SpanCall`` are the calls as layers: float operands are the layer's inputs,
+   integer and bool operands held as recorded.
 4. **Reproducer.**  ``Unit.write_replay`` (``gradcheck.repro``) writes a script that loads the user's rule by
-   its import path and replays the call with jax alone (``replay``).
+   its import path and replays the call with jax alone (``replay``); a span is no importable function, and
+   ``Region.write_replay`` writes its numbers and a script that prints them.
 
-A call is named by the module path jax records for it (flax's name stack) and the function the rule stands
-for (``LinenMLP/relu``, ``scaled_tanh``); its origin message says where the function is defined.
+A unit is named by its module path and, for a rule, the function the rule stands for (``LinenMLP/relu``,
+``scaled_tanh``); its origin message says where the code is.
 """
 
 from __future__ import annotations
