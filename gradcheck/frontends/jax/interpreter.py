@@ -109,13 +109,8 @@ def run_span(eqns, site: tuple, inputs: list, outputs: list, args, ctx_facts, kn
     ``regions.Span``), on ``args``, the values of the variables ``inputs``; the values of ``outputs``.  Each
     equation runs as ``run`` runs it there, with the constants ``known`` holds for that site."""
     walk = _Run(_floats(ctx_facts), known)
-    here = walk.known.get(site, {})
     env = {v: walk.argument(a) for v, a in zip(inputs, args)}
-    env.update((v, walk.constant(x)) for v, x in here.items())
-    for i, eqn in eqns:
-        invals = [walk.read(env, a) for a in eqn.invars]
-        outs = walk.equation(eqn, invals, HIGHER.get(eqn.primitive.name), site, i, ((i, eqn),))
-        env.update((v, x) for v, x in zip(eqn.outvars, outs) if is_var(v) and v not in here)
+    walk.equations(eqns, env, site, ())
     return [walk.read(env, v) for v in outputs]
 
 
@@ -254,21 +249,23 @@ class _Walk:
         self._live_cache: dict = {}
 
     def jaxpr(self, jaxpr, consts, args, site: tuple, trail: tuple) -> list:
-        here = self.known.get(site, {})
         env = {v: self.constant(x) for v, x in zip(jaxpr.constvars, consts)}
         env.update(zip(jaxpr.invars, args))
-        env.update((v, self.constant(x)) for v, x in here.items())
-        for i, (eqn, live) in enumerate(zip(jaxpr.eqns, self._liveness(jaxpr, here))):
-            if not live:
-                continue
-            invals = [self.read(env, a) for a in eqn.invars]
-            handler = HIGHER.get(eqn.primitive.name)
-            outs = self.equation(eqn, invals, handler, site, i, trail + ((i, eqn),))
-            for v, x in zip(eqn.outvars, outs):
-                if is_var(v) and v not in here:
-                    env[v] = x
+        live = self._liveness(jaxpr, self.known.get(site, {}))
+        self.equations(((i, eqn) for i, (eqn, keep) in enumerate(zip(jaxpr.eqns, live)) if keep), env, site, trail)
         self.done(jaxpr, env, site)
         return [self.read(env, a) for a in jaxpr.outvars]
+
+    def equations(self, eqns, env: dict, site: tuple, trail: tuple) -> None:
+        """``(index, equation)`` pairs of the jaxpr at ``site``, in order, on ``env`` (its values so far, to which
+        the site's known values are added and each equation's outputs), as ``jaxpr`` runs them (``run_span``
+        runs a module's span so)."""
+        here = self.known.get(site, {})
+        env.update((v, self.constant(x)) for v, x in here.items())
+        for i, eqn in eqns:
+            invals = [self.read(env, a) for a in eqn.invars]
+            outs = self.equation(eqn, invals, HIGHER.get(eqn.primitive.name), site, i, trail + ((i, eqn),))
+            env.update((v, x) for v, x in zip(eqn.outvars, outs) if is_var(v) and v not in here)
 
     def equation(self, eqn, invals, handler, site, i, trail) -> list:
         if handler is not None:

@@ -68,40 +68,43 @@ def find(closed, known: dict | None, own: bool | None) -> list[Span]:
             if part is not None:
                 body = e.params[part]
                 visit(getattr(body, "jaxpr", body), site + ((i, part, 0),), around + (e,), stacks[i])
-        deepest = max((len(s) for s in stacks.values()), default=0)
-        for depth in range(len(outer) + 1, deepest + 1):
+        # Where each variable is last read (the jaxpr's outputs after every equation): a span's outputs are
+        # the variables it defines that are read after its last equation.
+        last_read = {v: i for i, e in eqns for v in e.invars if interpreter.is_var(v)}
+        last_read.update((v, len(jaxpr.eqns)) for v in jaxpr.outvars if interpreter.is_var(v))
+
+        def keep(run, depth):
+            if not run or (site == () and len(run) == len(eqns)):
+                return
+            defined, inputs = set(), []
+            for _, e in run:
+                for v in e.invars:
+                    if interpreter.is_var(v) and v not in defined and v not in inputs:
+                        inputs.append(v)
+                defined.update(v for v in e.outvars if interpreter.is_var(v))
+            end = run[-1][0]
+            outputs = [v for _, e in run for v in e.outvars if interpreter.is_var(v) and last_read.get(v, -1) > end]
+            if not any(map(is_float_var, inputs)) or not any(map(is_float_var, outputs)):
+                return  # nothing to differentiate through: integer bookkeeping, or constants made here
+            # The same equations at a deeper path replace the outer span: it names the module that does the work.
+            found[(site, tuple(i for i, _ in run))] = Span(site, stacks[run[0][0]][:depth], list(run), inputs,
+                                                           outputs, around)
+
+        for depth in range(len(outer) + 1, max((len(s) for s in stacks.values()), default=0) + 1):
             run: list = []
             for i, e in eqns:
                 s = stacks[i]
                 if run and len(s) >= depth and s[:depth] == stacks[run[0][0]][:depth]:
                     run.append((i, e))
                     continue
-                _keep(found, jaxpr, site, around, stacks, run, depth, eqns)
+                keep(run, depth)
                 run = [(i, e)] if len(s) >= depth else []
-            _keep(found, jaxpr, site, around, stacks, run, depth, eqns)
+            keep(run, depth)
 
     visit(closed.jaxpr, (), (), ())
     return list(found.values())
 
 
-def _keep(found, jaxpr, site, around, stacks, run, depth, eqns) -> None:
-    if not run or (site == () and len(run) == len(eqns)):
-        return
-    defined, inputs = set(), []
-    for _, e in run:
-        for v in e.invars:
-            if interpreter.is_var(v) and v not in defined and v not in inputs:
-                inputs.append(v)
-        defined.update(v for v in e.outvars if interpreter.is_var(v))
-    after = {v for i, e in eqns if i > run[-1][0] for v in e.invars if interpreter.is_var(v)}
-    after.update(v for v in jaxpr.outvars if interpreter.is_var(v))
-    outputs = [v for _, e in run for v in e.outvars if interpreter.is_var(v) and v in after]
-    if not any(_is_float(v) for v in inputs) or not any(_is_float(v) for v in outputs):
-        return  # nothing to differentiate through: integer bookkeeping, or constants made here
-    # The same equations at a deeper path replace the outer span: it names the module that does the work.
-    key = (site, tuple(i for i, _ in run))
-    found[key] = Span(site, stacks[run[0][0]][:depth], list(run), inputs, outputs, around)
-
-
-def _is_float(v) -> bool:
+def is_float_var(v) -> bool:
+    """Whether a jaxpr variable holds floats (bfloat16 and float8 kinds included)."""
     return hasattr(v.aval, "dtype") and is_float_dtype(v.aval.dtype)

@@ -71,11 +71,7 @@ def write_replay(unit, where, rec) -> dict:
         meta["import_path"], meta["args"] = path, skeleton
     except NotNamed as exc:
         meta["unsupported"] = str(exc)
-    script = importlib.resources.files(TEMPLATE[0]) / TEMPLATE[1]
-    (where / SCRIPT).write_text(script.read_text(encoding="utf-8"), encoding="utf-8")
-    meta["arrays"] = arrays
-    meta["readme"] = _readme(meta, kind, name)
-    return meta
+    return _written(where, meta, arrays, kind, name)
 
 
 def write_stored(where, rec, function: str, kind: str, operands: list[str], why: str) -> dict:
@@ -86,10 +82,15 @@ def write_stored(where, rec, function: str, kind: str, operands: list[str], why:
             "called": rec.source.rsplit(", from ", 1)[-1] if ", from " in rec.source else "",
             "operands": operands, "num_consts": 0, "import_path": "", "args": None,
             "jax_version": jax.__version__, "scripts": [SCRIPT], "unsupported": why}
+    return _written(where, meta, {}, kind, function)
+
+
+def _written(where, meta: dict, arrays: dict, kind: str, name: str) -> dict:
+    """The script written into ``where``; ``meta`` with the arrays ``layer.npz`` adds and the README's text."""
     script = importlib.resources.files(TEMPLATE[0]) / TEMPLATE[1]
     (where / SCRIPT).write_text(script.read_text(encoding="utf-8"), encoding="utf-8")
-    meta["arrays"] = {}
-    meta["readme"] = _readme(meta, kind, function)
+    meta["arrays"] = arrays
+    meta["readme"] = _readme(meta, kind, name)
     return meta
 
 

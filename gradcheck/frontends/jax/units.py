@@ -37,7 +37,7 @@ import numpy as np
 
 from gradcheck.frontends.jax import interpreter, regions, scopes
 from gradcheck.frontends.jax.facts import RULES, rule_name
-from gradcheck.frontends.jax.primitives import is_float_dtype, where
+from gradcheck.frontends.jax.primitives import where
 from gradcheck.module import Module, node_class, static
 
 
@@ -67,12 +67,10 @@ class Unit:
         self.eqn = eqn
         self.site = site
         self.i = i
-        # Float operands are the replay's inputs; the others (indices, masks) are held as the reference had them.
-        self.slots = [("input", None) if _is_float(x) else ("held", np.array(x, copy=True)) for x in operands]
+        self.slots = _slots(operands, [None] * len(operands))
 
     def __call__(self, inputs):
-        it = iter(inputs)
-        operands = [next(it) if kind == "input" else value for kind, value in self.slots]
+        operands = _operands(self.slots, inputs)
         if interpreter.backend_of_values(list(inputs)) == "jax":
             params = self.eqn.primitive.get_bind_params(self.eqn.params)
             outs = self.eqn.primitive.bind(*operands, **params)  # the user's rule, under jax's differentiation
@@ -99,22 +97,12 @@ class Region:
     def __init__(self, program, span, operands: list, leaf_names: dict):
         self.program = program
         self.span = span
-        self.slots = []
-        for v, x in zip(span.inputs, operands):
-            if not _is_float(x):
-                self.slots.append(("held", np.array(x, copy=True)))
-            elif v in leaf_names:
-                self.slots.append(("leaf", leaf_names[v]))
-            else:
-                self.slots.append(("input", None))
+        self.slots = _slots(operands, [leaf_names.get(v) for v in span.inputs])
         self._jax = None
 
     def __call__(self, module, inputs):
-        it = iter(inputs)
-        operands = [next(it) if kind == "input" else getattr(module, value) if kind == "leaf" else value
-                    for kind, value in self.slots]
-        if interpreter.backend_of_values(list(inputs) + [getattr(module, n) for k, n in self.slots if k == "leaf"]) \
-                == "jax":
+        operands = _operands(self.slots, inputs, module)
+        if interpreter.backend_of_values([x for x, (kind, _) in zip(operands, self.slots) if kind != "held"]) == "jax":
             if self._jax is None:
                 from jax.extend import core as jcore
 
@@ -177,6 +165,21 @@ class SpanCall(Module):
         return self._call
 
 
+def _slots(operands: list, leaves: list) -> list:
+    """How a unit's operands reach it: a float one that is the model's leaf ``leaves[k]`` is read from the replay
+    module (``("leaf", name)``), any other float one is the replay's input (``("input", None)``), the others
+    (indices, masks) are held as the reference had them (``("held", value)``)."""
+    return [("held", np.array(x, copy=True)) if not _is_float(x) else ("leaf", leaf) if leaf else ("input", None)
+            for x, leaf in zip(operands, leaves)]
+
+
+def _operands(slots: list, inputs, module=None) -> list:
+    """A unit's operands from its slots: the replay's inputs in order, the module's leaves, the held values."""
+    it = iter(inputs)
+    return [next(it) if kind == "input" else getattr(module, value) if kind == "leaf" else value
+            for kind, value in slots]
+
+
 _KINDS = {"custom_jvp_call": "custom_jvp", "custom_vjp_call": "custom_vjp", "custom_vjp_call_jaxpr": "custom_vjp"}
 
 
@@ -184,10 +187,6 @@ def _is_float(x) -> bool:
     from gradcheck import ops
 
     return np.dtype(ops.dtype_of(x)).kind == "f"
-
-
-def _is_float_var(v) -> bool:
-    return hasattr(v.aval, "dtype") and is_float_dtype(v.aval.dtype)
 
 
 def _function(eqn) -> tuple[str, str]:
@@ -245,7 +244,6 @@ def record(program, cr) -> tuple[list, list[str]]:
     units: list[_Recorded] = []
     for (site, i), rec in seen.items():
         units.append(_Recorded(site, i, i, _rule_call(program, rec), outvars=list(rec["eqn"].outvars)))
-    classes = program.model.classes
     model = program.model
     top = traced.closed.jaxpr.invars
     leaf_names = dict(zip(top, program.leaf_names()))
@@ -255,7 +253,7 @@ def record(program, cr) -> tuple[list, list[str]]:
             continue  # not reached by this forward (a module in a branch not taken)
         operands = [values[(span.site, v)] for v in span.inputs]
         region = Region(program, span, operands, leaf_names if span.site == () else {})
-        layer = _layer_class(classes, span.stack)
+        layer = _layer_class(model.classes, span.stack)
         activations = [x for x, (kind, _) in zip(operands, region.slots) if kind == "input"]
         call = LayerCall(index=0, path=span.path, layer=layer, unit="layer",
                          module=region.module(layer, operands, kinds), args=tuple(activations), kwargs={},
@@ -319,6 +317,9 @@ def _around(program, site: tuple) -> tuple:
     return tuple(found)
 
 
+_RULE = 1 << 30  # a rule call's depth in ``_Recorded``: deeper than any module path
+
+
 @dataclass
 class _Recorded:
     """A unit of the replay where the jaxpr has it: equations ``first``..``last`` at ``site``."""
@@ -327,7 +328,7 @@ class _Recorded:
     first: int
     last: int
     call: object  # its localise.LayerCall
-    depth: int = 1 << 30  # a module span's path length; a rule call is inside any span of the same equation
+    depth: int = _RULE  # a module span's path length; a rule call is inside any span of the same equation
     outvars: list = field(default_factory=list)  # the variables its outputs are (probed for their cotangents)
 
     def key(self) -> tuple:
@@ -351,11 +352,14 @@ def _order(units: list[_Recorded]) -> list:
     holds one: a span holds the equations it runs and what runs inside them)."""
     units = sorted(units, key=_Recorded.key)
     children: dict = {}
+    open_: list[int] = []  # the units around the current one, outermost first (forward order nests them)
     for k, u in enumerate(units):
-        parent = next((j for j in range(k - 1, -1, -1) if units[j].holds(u)), None)
-        children.setdefault(parent, []).append(k)
+        while open_ and not units[open_[-1]].holds(u):
+            open_.pop()
+        children.setdefault(open_[-1] if open_ else None, []).append(k)
+        open_.append(k)
     for k, u in enumerate(units):  # a span holding other units is a block: replayed where it can change the answer
-        if children.get(k) and u.depth < (1 << 30):
+        if children.get(k) and u.depth < _RULE:
             u.call.unit = "block"
     records: list = []
     tick = [0]
@@ -412,4 +416,4 @@ def _cotangents(program, cr, units: list, tape) -> None:
     by_key = dict(zip(keys, grads))
     for u in units:
         u.call.cotangent = [np.asarray(by_key[(u.site, v)]) if (u.site, v) in by_key else np.zeros(v.aval.shape)
-                            for v in u.outvars if _is_float_var(v)]
+                            for v in u.outvars if regions.is_float_var(v)]
