@@ -255,8 +255,8 @@ MODELS = {
 }
 
 
-def child(name: str, seed: int, checkpointing: str = "off") -> dict:
-    """One model at one seed, in this process: built, captured, checked."""
+def child(name: str, seed: int, checkpointing: str = "off", fault: str | None = None) -> dict:
+    """One model at one seed, in this process: built, captured, checked (with ``fault`` while it runs)."""
     import torch
 
     torch.manual_seed(seed)
@@ -267,8 +267,8 @@ def child(name: str, seed: int, checkpointing: str = "off") -> dict:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": checkpointing == "reentrant"})
     model.train()
     row = {"model": name, "seed": seed, "class": type(model).__name__,
-           "checkpointing": checkpointing if checkpointed else "off"}
-    third_party.check(model, inputs, forward, name=name, seed=seed, row=row)
+           "checkpointing": checkpointing if checkpointed else "off", "fault": fault}
+    third_party.check(model, inputs, forward, name=name, seed=seed, row=row, fault=fault)
     row["wall_s"] = round(time.perf_counter() - t0, 2)
     return row
 
@@ -279,7 +279,7 @@ def main(argv=None):
                    help="turn on gradient checkpointing (use_reentrant False or True) where a model supports it")
     args = p.parse_args(argv)
     if args.child:
-        print(json.dumps(child(args.child[0], int(args.child[1]), args.checkpointing), default=str), flush=True)
+        print(json.dumps(child(args.child[0], int(args.child[1]), args.checkpointing, args.fault), default=str), flush=True)
         return 0
     if args.table:
         third_party.print_table(args.table)

@@ -7,27 +7,34 @@ lost when a model hangs or crashes), and ends with ``table``.
 
 A run is "clean" when its verdict is ``agree`` with nothing unavailable, no error, and no float32 result that
 is imprecise (a warning, which does not fail the case unless ``imprecise="fail"``).
+
+``--fault BACKEND`` (every script) is the negative control: that backend's gradient of every ``add`` is made 1 %
+too large (``fault``), so every run must disagree, blamed on that backend alone, with an origin; the table then
+counts the runs that did.
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import json
 import subprocess
 import sys
 import time
 
 
-def check(model, inputs, forward, *, name: str, seed: int, row: dict) -> dict:
-    """Check ``forward(model, *inputs)`` on all three backends and add what a sweep records to ``row``."""
+def check(model, inputs, forward, *, name: str, seed: int, row: dict, fault: str | None = None) -> dict:
+    """Check ``forward(model, *inputs)`` on all three backends and add what a sweep records to ``row``; with
+    ``fault``, that backend's gradient of ``add`` is wrong while the case runs (captured as it is)."""
     import gradcheck
 
     t0 = time.perf_counter()
     row.setdefault("params", sum(p.numel() for p in model.parameters()))
     case = gradcheck.from_torch(model, *inputs, forward=forward, name=name, seed=seed)
     row["capture_s"] = round(time.perf_counter() - t0, 2)
-    return check_case(case, row)
+    with faulty(fault, "torch"):
+        return check_case(case, row)
 
 
 def check_case(case, row: dict) -> dict:
@@ -55,6 +62,136 @@ def check_case(case, row: dict) -> dict:
     row["clean"] = (res.verdict == "agree" and not res.unavailable and not res.errors
                     and res.float32 != "imprecise")
     return row
+
+
+FACTOR = 1.01
+
+
+@contextlib.contextmanager
+def faulty(backend: str | None, frontend: str):
+    """While it is open, ``backend``'s gradient of every ``add`` is ``FACTOR`` times too large (``--fault``);
+    nothing changes for ``None``.  ``frontend`` ("torch" or "jax") is the model's framework, which says what torch
+    runs: a ``from_torch`` case's torch backend runs the user's module itself, a ``from_jax`` case's runs the
+    jaxpr's lowering.
+
+    * jax: its own rule for ``add`` (the JVP that its transpose and ``grad`` come from) scales the tangent;
+    * the tape, and torch on a ``from_jax`` case: the frontend's lowering of ``add`` passes its result through an
+      identity whose gradient is scaled, on that backend's values only;
+    * torch on a ``from_torch`` case: a torch function mode passes every floating result of an ``add`` (``+``,
+      ``torch.add``, ``+=``, ``add_``) that needs a gradient through such an identity (in place for the in-place
+      forms).
+    """
+    if backend is None:
+        yield
+        return
+    with contextlib.ExitStack() as stack:
+        if backend == "jax":
+            _patch(stack, *_jax_add())
+        elif backend == "torch" and frontend == "torch":
+            stack.enter_context(_torch_adds())
+        else:
+            _patch(stack, *_lowered_add(backend, frontend))
+        yield
+
+
+def _patch(stack: contextlib.ExitStack, table: dict, replaced: dict) -> None:
+    """``table`` updated with ``replaced``, restored when ``stack`` closes."""
+    before = {k: table[k] for k in replaced}
+    table.update(replaced)
+    stack.callback(table.update, before)
+
+
+def _jax_add():
+    from jax import lax
+    from jax._src.interpreters import ad
+
+    right = ad.primitive_jvps[lax.add_p]
+
+    def wrong(primals, tangents, **params):
+        out, tangent = right(primals, tangents, **params)
+        return out, (tangent if type(tangent) is ad.Zero else tangent * FACTOR)
+
+    return ad.primitive_jvps, {lax.add_p: wrong}
+
+
+def _lowered_add(backend: str, frontend: str):
+    """The frontend's lowering table and its ``add`` entries, each passing ``backend``'s results through
+    ``_scaled(backend)``."""
+    from gradcheck.backends import backend_of
+
+    if frontend == "jax":
+        from gradcheck.frontends.jax.primitives import LOWERINGS as table
+        names = ("add",)
+    else:
+        from gradcheck.frontends.torch.aten import LOWERINGS as table
+        names = ("aten.add.Tensor", "aten.add.Scalar")
+    scaled = _scaled(backend)
+
+    def wrong(right):
+        def lowering(*args, **kwargs):
+            out = right(*args, **kwargs)
+            return scaled(out) if backend_of(out) == backend else out
+
+        return lowering
+
+    return table, {name: wrong(table[name]) for name in names}
+
+
+def _scaled(backend: str):
+    """An identity on ``backend``'s arrays whose gradient is ``FACTOR`` times the incoming one."""
+    if backend == "tape":
+        import numpy as np
+
+        from gradcheck import ops
+        from gradcheck.backends.tape.tape import Primitive
+
+        return Primitive("scaled_gradient", lambda y: np.asarray(y)).defvjp(lambda g, ans, y: ops.mul(g, FACTOR))
+    import torch
+
+    class Scaled(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, y):
+            return y.clone()
+
+        @staticmethod
+        def backward(ctx, g):
+            return g * FACTOR
+
+    return Scaled.apply
+
+
+def _torch_adds():
+    """A torch function mode scaling the gradient of every floating ``add`` result that needs one."""
+    import torch
+    from torch.overrides import TorchFunctionMode
+
+    class ScaledInPlace(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, y):
+            ctx.mark_dirty(y)
+            return y
+
+        @staticmethod
+        def backward(ctx, g):
+            return g * FACTOR
+
+    scaled = _scaled("torch")
+    T = torch.Tensor
+    out_of_place = {torch.add, T.add, T.__add__, T.__radd__}
+    in_place = {T.add_, T.__iadd__}
+
+    class Adds(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            if (isinstance(out, torch.Tensor) and out.is_floating_point() and out.requires_grad
+                    and torch.is_grad_enabled()):
+                if func in out_of_place:
+                    return scaled(out)
+                if func in in_place:
+                    return ScaledInPlace.apply(out)
+            return out
+
+    return Adds()
 
 
 def run_one(script: str, name: str, seed: int, timeout: float, extra: list[str]) -> dict:
@@ -88,7 +225,22 @@ def table(rows) -> str:
     lines.append(f"\n{agree} of {len(rows)} runs agree on all three backends with nothing unavailable; {warned} of "
                  f"them warn of an imprecise float32 result; {clean} are clean (agree, nothing unavailable, no "
                  "error, no float32 warning)")
+    for backend in sorted({r["fault"] for r in rows if r.get("fault")}):
+        faulted = [r for r in rows if r.get("fault") == backend]
+        caught = sum(1 for r in faulted if caught_alone(r))
+        lines.append(f"with {backend}'s add gradient wrong: {caught} of {len(faulted)} runs disagree, blamed on "
+                     f"{backend} alone, with an origin blamed on it")
     return "\n".join(lines)
+
+
+def caught_alone(row: dict) -> bool:
+    """A fault run (``--fault``) that did what the negative control asks: disagree, every disagreeing leaf blamed
+    on the faulty backend alone, and an origin blamed on it alone."""
+    fault = row.get("fault")
+    off = row.get("disagreeing") or []
+    return (row.get("verdict") == "disagree" and bool(off) and not row.get("unavailable")
+            and all(d["blame"] == [fault] for d in off if d["verdict"] == "disagree")
+            and (row.get("origin") or {}).get("blame") == [fault])
 
 
 def parser(description: str, models, out: str) -> argparse.ArgumentParser:
@@ -99,6 +251,8 @@ def parser(description: str, models, out: str) -> argparse.ArgumentParser:
     p.add_argument("--timeout", type=float, default=1800.0, help="seconds per (model, seed)")
     p.add_argument("--child", nargs=2, metavar=("MODEL", "SEED"), help=argparse.SUPPRESS)
     p.add_argument("--table", metavar="JSONL", help="print the table of a finished run and exit")
+    p.add_argument("--fault", choices=["tape", "torch", "jax"],
+                   help="make that backend's gradient of every add 1%% too large (the negative control)")
     return p
 
 
@@ -112,7 +266,9 @@ def print_table(path: str) -> None:
 
 
 def sweep(script: str, args, extra: list[str]) -> int:
-    """Every (model, seed) of ``args`` through ``run_one``, each row appended to ``args.out`` as it comes."""
+    """Every (model, seed) of ``args`` through ``run_one``, each row appended to ``args.out`` as it comes.  Exit 0
+    when every run is clean, or with ``--fault`` when every run caught it (``caught_alone``)."""
+    extra = extra + (["--fault", args.fault] if args.fault else [])
     rows = []
     for name in args.models:
         for seed in args.seeds:
@@ -124,4 +280,4 @@ def sweep(script: str, args, extra: list[str]) -> int:
                   f"{row.get('agreeing', '-')}/{row.get('compared', '-')} unavailable={list(row.get('unavailable') or {})} "
                   f"errors={list(row.get('errors') or {})} {row.get('wall_s')} s", flush=True)
     print(table(rows))
-    return 0 if all(r.get("clean") for r in rows) else 1
+    return 0 if all(caught_alone(r) if args.fault else r.get("clean") for r in rows) else 1

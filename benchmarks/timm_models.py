@@ -61,8 +61,8 @@ MODELS = {
 }
 
 
-def child(name: str, seed: int, checkpointing: bool = False, drop: float = 0.0) -> dict:
-    """One model at one seed, in this process: created, captured, checked."""
+def child(name: str, seed: int, checkpointing: bool = False, drop: float = 0.0, fault: str | None = None) -> dict:
+    """One model at one seed, in this process: created, captured, checked (with ``fault`` while it runs)."""
     import timm
     import torch
 
@@ -89,8 +89,9 @@ def child(name: str, seed: int, checkpointing: bool = False, drop: float = 0.0) 
     g = torch.Generator().manual_seed(1000 + seed)
     x = torch.randn(BATCH, 3, size, size, generator=g)
     row = {"model": name, "seed": seed, "class": type(model).__name__, "arch": arch, "image": size,
-           "checkpointing": checkpointed, "drop": drop, "drop_path": "drop_path_rate" in kwargs and drop}
-    third_party.check(model, (x,), None, name=name, seed=seed, row=row)
+           "checkpointing": checkpointed, "drop": drop, "drop_path": "drop_path_rate" in kwargs and drop,
+           "fault": fault}
+    third_party.check(model, (x,), None, name=name, seed=seed, row=row, fault=fault)
     row["wall_s"] = round(time.perf_counter() - t0, 2)
     return row
 
@@ -113,7 +114,7 @@ def main(argv=None):
     p.add_argument("--drop", type=float, default=0.0, help="drop_rate and drop_path_rate for every model")
     args = p.parse_args(argv)
     if args.child:
-        row = child(args.child[0], int(args.child[1]), args.checkpointing, args.drop)
+        row = child(args.child[0], int(args.child[1]), args.checkpointing, args.drop, args.fault)
         print(json.dumps(row, default=str), flush=True)
         return 0
     if args.table:
