@@ -28,6 +28,7 @@ from collections.abc import Callable, Iterator
 import numpy as np
 
 from gradcheck.backends import reference_rank  # which backend of a pair is its reference
+from gradcheck.check import sums
 from gradcheck.check.tolerance import ResolvedTolerance, ToleranceRules
 from gradcheck.results import LeafResult, PairResult
 
@@ -50,13 +51,6 @@ def pair_stats(a: np.ndarray, b: np.ndarray, tol: ResolvedTolerance, scale: floa
     ``compare_leaf``.
     """
     return _pair(_Operand(a), _Operand(b), tol, scale, backend, reference, value_scale)[0]
-
-
-def _dot(a: np.ndarray, b: np.ndarray) -> float:
-    """``<a, b>`` of two flat arrays, accumulated in float64 whatever their dtype."""
-    if a.dtype == np.float64 and b.dtype == np.float64:
-        return float(np.dot(a, b))
-    return float(np.einsum("i,i->", a, b, dtype=np.float64))
 
 
 class _Operand:
@@ -86,7 +80,7 @@ class _Operand:
     @property
     def norm(self) -> float:
         if self._norm is None:
-            self._norm = float(np.sqrt(_dot(self.flat, self.flat)))
+            self._norm = float(np.sqrt(sums.inner(self.flat, self.flat)))
         return self._norm
 
 
@@ -166,7 +160,7 @@ def _pair(a: _Operand, b: _Operand, tol: ResolvedTolerance, scale: float, backen
     squares, mismatched, headroom = 0.0, 0, 0.0
     largest_abs, largest_rel = _Largest(), _Largest()
     for lo, diff, babs, allowed in blocks:
-        squares += _dot(diff, diff)
+        squares += sums.inner(diff, diff)
         np.abs(diff, out=diff)
         largest_abs.see(lo, diff)
         mismatched += int(np.count_nonzero(diff > allowed))
@@ -182,7 +176,7 @@ def _pair(a: _Operand, b: _Operand, tol: ResolvedTolerance, scale: float, backen
         out.max_abs, out.max_abs_index = largest_abs.value, [int(k) for k in np.unravel_index(largest_abs.at, shape)]
         out.max_rel, out.max_rel_index = largest_rel.value, [int(k) for k in np.unravel_index(largest_rel.at, shape)]
     out.rel_err_norm = nd / nb if nb > 0 else (0.0 if nd == 0 else float("inf"))
-    out.cosine = _dot(a.flat, b.flat) / (na * nb) if na > 0 and nb > 0 else float(na == nb)
+    out.cosine = sums.inner(a.flat, b.flat) / (na * nb) if na > 0 and nb > 0 else float(na == nb)
     if tol.criterion == "norm":
         limit = tol.norm_rtol
         out.headroom = out.rel_err_norm / limit if limit > 0 else (0.0 if nd == 0 else float("inf"))

@@ -33,6 +33,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from gradcheck.check import sums
+
 UNIT = 2.0 ** -53  # float64's unit roundoff
 UNIT32 = 2.0 ** -24  # float32's
 # Two correct backends' float64 results differ by the rounding of every op either computes, carried by the
@@ -116,10 +118,10 @@ def _value(out) -> float:
 def spread(before: np.ndarray, after: np.ndarray) -> float:
     """``||after - before|| / ||before||`` in float64 (0 for an empty or zero leaf)."""
     a, b = np.asarray(before, np.float64), np.asarray(after, np.float64)
-    norm = float(np.linalg.norm(a.ravel()))
+    norm = sums.norm(a)
     if norm == 0 or a.shape != b.shape or not (np.isfinite(a).all() and np.isfinite(b).all()):
         return 0.0
-    return float(np.linalg.norm((b - a).ravel())) / norm
+    return sums.norm(b - a) / norm
 
 
 def within_reach(leaf, spreads: dict[str, float], computes_in: str = "float64") -> bool:

@@ -82,7 +82,7 @@ from typing import Any
 
 import numpy as np
 
-from gradcheck.check import kinks
+from gradcheck.check import kinks, sums
 from gradcheck.results import RefereeCheck
 
 # float64 step along a standard-normal direction.  A larger step crosses relu and max-pool kinks: on
@@ -306,7 +306,7 @@ def _slope_varies(gradients_at: GradientsAt, point, direction, h, answers, floor
         backend, moved = gradients_at({p: point[p] + sign * h * v for p, v in direction.items()})
         if backend not in answers or not all(moved.get(p) is not None for p in direction):
             return False  # nothing to measure the slope with: the difference stands as it is
-        ends.append(float(sum(np.vdot(np.asarray(moved[p], np.float64), v) for p, v in direction.items())))
+        ends.append(sum(sums.inner(moved[p], v) for p, v in direction.items()))
     return not abs(0.5 * (ends[0] + ends[1]) - answers[backend]) <= floor
 
 
@@ -316,6 +316,6 @@ def _answers(grads: dict[str, dict[str, np.ndarray]], direction: dict[str, np.nd
     for backend, by_path in grads.items():
         if not all(p in by_path and by_path[p] is not None for p in direction):
             continue
-        answers[backend] = float(sum(np.vdot(np.asarray(by_path[p], np.float64), v) for p, v in direction.items()))
-        norms.append(float(np.sqrt(sum(np.vdot(g, g) for g in (np.asarray(by_path[p], np.float64) for p in direction)))))
+        answers[backend] = sum(sums.inner(by_path[p], v) for p, v in direction.items())
+        norms.append(float(np.sqrt(sum(sums.inner(by_path[p], by_path[p]) for p in direction))))
     return answers, float(np.median(norms)) if norms else 0.0

@@ -53,7 +53,7 @@ import numpy as np
 from gradcheck import ops
 from gradcheck.backends import get_backend, own_hvp, reference_rank
 from gradcheck.backends.base import all_leaves
-from gradcheck.check import kinks, verdict
+from gradcheck.check import kinks, sums, verdict
 from gradcheck.check import referee as ref
 from gradcheck.check.compare import MISSING, compare_leaf
 from gradcheck.check.errors import short_error
@@ -304,7 +304,7 @@ def _referee(cr, names, f64, hv64, point, v, rules, owners, res) -> tuple[dict[s
     for path in point:
         rtol = rules.resolve(path, "float64", owners.get(path, "")).referee_rtol
         wp = w[path]
-        norms = [float(np.linalg.norm(np.asarray(hv64[b][path]).ravel())) for b in grads if path in hv64[b]]
+        norms = [sums.norm(hv64[b][path]) for b in grads if path in hv64[b]]
         norm = float(np.median(norms)) if norms else 0.0
         checks = []
         for name, at in grads.items():
@@ -312,12 +312,12 @@ def _referee(cr, names, f64, hv64, point, v, rules, owners, res) -> tuple[dict[s
             if hv is None or any(path not in at[s] for s in at):
                 continue
             g = {s: np.asarray(at[s][path], np.float64) for s in at}
-            d1 = float(np.vdot(g[1] - g[-1], wp)) / (2 * h)
-            d2 = float(np.vdot(g[2] - g[-2], wp)) / (4 * h)
-            answer = float(np.vdot(np.asarray(hv, np.float64), wp))
+            d1 = sums.inner(g[1] - g[-1], wp) / (2 * h)
+            d2 = sums.inner(g[2] - g[-2], wp) / (4 * h)
+            answer = sums.inner(hv, wp)
             scale = abs(d1) + 0.1 * norm
             spread = abs(d1 - d2)
-            rounding = ref.ROUNDING * ref.EPS * float(np.vdot(np.abs(g[1]), np.abs(wp))) / h
+            rounding = ref.ROUNDING * ref.EPS * sums.inner(np.abs(g[1]), np.abs(wp)) / h
             resolution = ref.SAFETY * max(spread, rounding) + rtol * scale
             if resolution == 0:
                 resolution = ref.EPS

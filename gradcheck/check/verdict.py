@@ -40,6 +40,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from gradcheck.backends import reference_rank
+from gradcheck.check import sums
 from gradcheck.check.compare import MISSING
 from gradcheck.results import (
     FLOAT32_VERDICTS,
@@ -205,10 +206,10 @@ def rel_error(a, b, scale=None) -> float | None:
     if a.shape != b.shape or not (np.isfinite(a).all() and np.isfinite(b).all()):
         return None
     b = b.astype(np.float64, copy=False)
-    nb = float(np.linalg.norm((b if scale is None else np.abs(b) + np.asarray(scale, np.float64)).ravel()))
+    nb = sums.norm(b if scale is None else np.abs(b) + np.asarray(scale, np.float64))
     if nb == 0:
         return None
-    return float(np.linalg.norm(np.subtract(a, b, dtype=np.float64).ravel())) / nb
+    return sums.norm(np.subtract(a, b, dtype=np.float64)) / nb
 
 
 @dataclass(frozen=True)
