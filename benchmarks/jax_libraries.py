@@ -29,10 +29,10 @@ Each case is checked on the tape, torch and jax through ``third_party.py``, the 
     python benchmarks/jax_libraries.py --models vit convnext --seeds 3
     python benchmarks/jax_libraries.py --table jax_libraries.jsonl
 
-``--fault BACKEND`` is the negative control: that backend's gradient of every ``add`` is made 1 % too large (the
-tape's and torch's lowering of jax's ``add`` scale the gradient of its second operand, jax's own rule for ``add``
-its tangent), so every run must disagree, blamed on that backend, with an origin (``origin`` in the row: the
-module the replay found it in).
+``--fault BACKEND`` is the negative control (``third_party.faulty``): that backend's gradient of every ``add`` is
+made 1 % too large (the tape's and torch's lowering of jax's ``add`` pass their result through an identity whose
+gradient is scaled, jax's own rule for ``add`` scales its tangent), so every run must disagree, blamed on that
+backend, with an origin (``origin`` in the row: the module the replay found it in).
 """
 
 from __future__ import annotations

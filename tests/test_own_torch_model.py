@@ -461,6 +461,50 @@ def test_what_torch_export_refuses_is_traced_at_the_example_and_checked_on_every
     assert_agree(run_case(case))
 
 
+class _BranchingMLP(ResidualMLP):
+    """``ResidualMLP`` with a branch on a value, which torch.export refuses: traced at the example instead."""
+
+    def forward(self, x):
+        if x.abs().sum() > 0:
+            x = x * 1.0
+        return super().forward(x)
+
+
+def _traced_case(kind):
+    torch.manual_seed(0)
+    case = from_torch(_BranchingMLP(3, kind), torch.randn(5, 12), seed=0)
+    assert any(n.startswith("torch.export refused") for n in case.notes), case.notes
+    return case
+
+
+@pytest.mark.parametrize("wrong, blame", [(lambda mp: "wrong", "torch"), (_wrong_tape, "tape"), (_wrong_jax, "jax")],
+                         ids=["torch", "tape", "jax"])
+def test_a_model_traced_at_the_example_is_localised_inside_it_too(monkeypatch, wrong, blame):
+    # The trace records the module calls each node was made in, as torch.export does; without them no
+    # submodule could be replayed and no origin was named (transformers' wav2vec2, Longformer, Mixtral).
+    res = run_case(_traced_case(wrong(monkeypatch)))
+    _assert_origin(res, "blocks.3.act", blame)
+
+
+def test_a_function_without_setup_context_is_traced_as_written_where_functionalisation_refuses_it(monkeypatch):
+    # the control: traced only through functorch's functionalize, the hand-written kernel cannot be captured
+    from gradcheck.frontends.torch import capture
+
+    monkeypatch.setattr(capture, "_as_written", _refused)
+    monkeypatch.setenv("GRADCHECK_NO_CACHE", "1")
+    torch.manual_seed(0)
+    with pytest.raises(capture.CaptureError, match="setup_context"):
+        from_torch(_BranchingMLP(3, "wrong"), torch.randn(5, 12), seed=0)
+
+
+def test_a_model_traced_at_the_example_agrees_submodule_by_submodule_when_right():
+    res = run_case(_traced_case("silu"), RunOptions(per_layer=True))
+    assert_agree(res)
+    assert res.origin is None
+    replay = [n for n in res.notes if n.startswith("per-layer replay:")]
+    assert replay and "every layer's own backward and forward agree" in replay[0], res.notes
+
+
 class _Attention(nn.Module):
     def __init__(self, width):
         super().__init__()
@@ -1010,6 +1054,11 @@ def test_requires_grad_set_in_a_hook_is_traced_at_the_example_and_checked(monkey
     from gradcheck.frontends.torch import capture
 
     monkeypatch.setattr(capture, "_requires_grad_unchanged", contextlib.nullcontext)
+    monkeypatch.setattr(capture, "_as_written", _refused)  # not traced again without functionalisation either
     monkeypatch.setenv("GRADCHECK_NO_CACHE", "1")  # captured again, not read back
     with pytest.raises(capture.CaptureError, match="requires_grad_"):
         from_torch(HookedEmbeddings(), ids)
+
+
+def _refused(trace, f, refused):
+    raise refused

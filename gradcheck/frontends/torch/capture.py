@@ -450,9 +450,15 @@ def trace_at_example(wrapper: _Forward, example_inputs: tuple, table) -> _Traced
     values = ([p.detach() for _, p in params], [b.detach().clone() for _, b in buffers])
     # The forward's draws are the capture's (randomness.BRANCH_SEED): a branch on one (LayerDrop) is taken as
     # every backend's pinned draw will take it (randomness.Draws.pinned); both traces draw the same values.
-    with randomness.CaseRandom(randomness.BRANCH_SEED, None), _requires_grad_unchanged():
-        module = make_fx(torch.func.functionalize(f), decomposition_table=table, tracing_mode="real",
-                         record_stack_traces=True, _error_on_data_dependent_ops=False)(*values, *example_inputs)
+    def trace(fn):
+        with randomness.CaseRandom(randomness.BRANCH_SEED, None), _requires_grad_unchanged(), _module_stack(wrapper):
+            return make_fx(fn, decomposition_table=table, tracing_mode="real", record_stack_traces=True,
+                           _error_on_data_dependent_ops=False)(*values, *example_inputs)
+
+    try:
+        module = trace(torch.func.functionalize(f))
+    except Exception as exc:
+        module = _as_written(trace, f, exc)
     with randomness.CaseRandom(randomness.BRANCH_SEED, None):
         module = _functional(module, values, example_inputs)
     constants = _lift_constants(module)
@@ -475,6 +481,66 @@ def trace_at_example(wrapper: _Forward, example_inputs: tuple, table) -> _Traced
     traced = _Traced(module, input_specs, output_specs)
     traced.constants.update(constants)
     return traced
+
+
+def _as_written(trace, f, refused: Exception):
+    """``f`` traced without functionalisation, where functorch's ``functionalize`` refused it (``refused``, raised
+    again if this fails too): an ``autograd.Function`` without ``setup_context``, the form most hand-written
+    kernels take, cannot run under a functorch transform.  Traced as written, the Function's forward is recorded
+    op by op and its in-place ops as they are; the second trace (``_functional``) makes the graph functional.
+    torch's own runs call the Function itself, its backward included."""
+    try:
+        return trace(f)
+    except Exception:
+        raise refused from None
+
+
+@contextlib.contextmanager
+def _module_stack(root: nn.Module):
+    """While the module is traced at the example, each node records the module calls it was made in
+    (``nn_module_stack``, as torch.export records them), so that its submodules are units of the per-layer
+    replay and a disagreement gets an origin under the model's own names.
+
+    ``make_fx`` records them only for a module it is handed as the traced function, through proxies of its
+    attributes; the module here is called by ``functional_call`` inside a function.  So a forward pre-hook and
+    hook on every module keep the stack of calls, and the tracer copies it to each node it makes, as it copies
+    an interpreter's node metadata (``torch.fx.traceback.preserve_node_meta``).  Entries are keyed as
+    ``path@n`` for a module's n-th call after its first (``units._call_index``); a module that is not one of the
+    model's (made in the forward) records nothing.
+    """
+    import collections
+
+    import torch.fx.traceback as fx_traceback
+
+    paths = {id(m): name for name, m in root.named_modules()}
+    calls: collections.Counter = collections.Counter()
+    stack: list = []  # (module, key, (path, class)) of the calls open now, outermost first
+
+    def publish():
+        fx_traceback.get_current_meta()["nn_module_stack"] = {key: entry for _, key, entry in stack}
+
+    def enter(mod, args):
+        path = paths.get(id(mod))
+        if path is None:
+            return
+        n = calls[path]
+        calls[path] += 1
+        stack.append((mod, path + (f"@{n}" if n else ""), (path, type(mod))))
+        publish()
+
+    def leave(mod, args, out):
+        if stack and stack[-1][0] is mod:
+            stack.pop()
+            publish()
+
+    hooks = (nn.modules.module.register_module_forward_pre_hook(enter),
+             nn.modules.module.register_module_forward_hook(leave))
+    try:
+        with fx_traceback.preserve_node_meta():
+            yield
+    finally:
+        for hook in hooks:
+            hook.remove()
 
 
 @contextlib.contextmanager
