@@ -19,7 +19,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("jax")
 
-from own_models import ResidualMLP  # noqa: E402
+from own_models import CachedDecoder, ResidualMLP  # noqa: E402
 from torch import nn  # noqa: E402
 
 from gradcheck import ops  # noqa: E402
@@ -503,6 +503,37 @@ def test_a_model_traced_at_the_example_agrees_submodule_by_submodule_when_right(
     assert res.origin is None
     replay = [n for n in res.notes if n.startswith("per-layer replay:")]
     assert replay and "every layer's own backward and forward agree" in replay[0], res.notes
+
+
+def _cached_case(kind="silu"):
+    torch.manual_seed(0)
+    return from_torch(CachedDecoder(1, kind), torch.randn(5, 12), seed=0)
+
+
+def test_a_model_handing_cache_objects_to_its_submodules_agrees_layer_by_layer():
+    res = run_case(_cached_case(), RunOptions(per_layer=True))
+    assert_agree(res)
+    assert res.origin is None
+    replay = [n for n in res.notes if n.startswith("per-layer replay:")]
+    assert replay and "every layer's own backward and forward agree" in replay[0], res.notes
+
+
+@pytest.mark.parametrize("fresh", [True, False], ids=["fresh", "control"])
+def test_a_call_that_fills_a_cache_object_is_replayed_with_the_object_as_it_was_handed(monkeypatch, fresh):
+    # Each submodule call is replayed with its stateful arguments as they were when it was made.  The control:
+    # handed the cache the forward filled, torch's replay of a gate takes its keys from it instead of computing
+    # (and differentiating) them, and the gate was named the origin, blamed on torch (Whisper's cross-attention).
+    from gradcheck.frontends.torch import units
+
+    if not fresh:
+        monkeypatch.setattr(units, "_fresh", lambda x: x)
+    res = run_case(_cached_case(_wrong_tape(monkeypatch)))
+    assert res.verdict == "disagree", failing(res)
+    assert res.origin is not None, failing(res)
+    if fresh:
+        assert (res.origin.path, res.origin.blame) == ("blocks.1.act", ["tape"]), (res.origin, res.notes)
+    else:
+        assert res.origin.path.endswith(".cross") and res.origin.blame == ["torch"], (res.origin, res.notes)
 
 
 class _Attention(nn.Module):

@@ -529,9 +529,12 @@ def _module_stack(root: nn.Module):
         publish()
 
     def leave(mod, args, out):
-        if stack and stack[-1][0] is mod:
-            stack.pop()
-            publish()
+        # Down to this call: a call inside it that raised, and which the module caught, never left.
+        for depth in range(len(stack) - 1, -1, -1):
+            if stack[depth][0] is mod:
+                del stack[depth:]
+                publish()
+                return
 
     hooks = (nn.modules.module.register_module_forward_pre_hook(enter),
              nn.modules.module.register_module_forward_hook(leave))

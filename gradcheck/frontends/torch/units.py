@@ -34,6 +34,8 @@ case's notes say so.
 
 from __future__ import annotations
 
+import copy
+import enum
 import operator
 from dataclasses import dataclass, field
 
@@ -267,7 +269,7 @@ class UnitCall:
         like = next(iter(state.values()), inputs[0] if inputs else None)
         for name, value in self.foreign.items():
             state[name] = torch.as_tensor(value, dtype=_float_of(state, inputs), device=like.device)
-        flat = [inputs[v] if kind == "input" else v for kind, v in self.slots]
+        flat = [inputs[v] if kind == "input" else _fresh(v) if kind == "static" else v for kind, v in self.slots]
         args, kwargs = pytree.tree_unflatten(flat, self.spec)
         graph = self.graph
         draws = [graph.draws.index[n.name] for n in self.unit.nodes if n.name in graph.draws.index]
@@ -306,7 +308,6 @@ class UnitCall:
     def write_replay(self, where, rec) -> dict:
         """``module.pt`` (the submodule, pickled by its import path), ``call.pt`` (the call at the case point) and
         the replay script; returns what ``meta.json`` adds."""
-        import copy
         import importlib.resources
         import inspect
 
@@ -324,7 +325,7 @@ class UnitCall:
         draws = [graph.draws.index[n.name] for n in self.unit.nodes if n.name in graph.draws.index]
         recorded: dict = {}
         facts = TorchFacts.of(self.seed, graph.draws, draws, recorded)
-        flat = [inputs[v] if kind == "input" else v for kind, v in slots]
+        flat = [inputs[v] if kind == "input" else _fresh(v) if kind == "static" else v for kind, v in slots]
         from torch.utils import _pytree as pytree
 
         args, kwargs = pytree.tree_unflatten(flat, self.spec)
@@ -445,7 +446,7 @@ def _torch_calls(program, root64, inputs64, training):
         n = counts.get(path, 0)
         counts[path] = n + 1
         flat, spec = pytree.tree_flatten((args, kwargs))
-        record = [[_detached(x) for x in flat], spec, None, []]
+        record = [[_as_called(x) for x in flat], spec, None, []]
         calls[(path, n)] = record
         pending.setdefault(id(module), []).append(record)
         active.append(record)
@@ -480,6 +481,34 @@ def _detached(x):
     import torch
 
     return x.detach().clone() if isinstance(x, torch.Tensor) else x
+
+
+_IMMUTABLE = (int, float, complex, bool, str, bytes, type(None), enum.Enum, type, range, slice)
+
+
+def _as_called(x):
+    """An argument of a submodule call as it was when the call was made: a tensor detached and copied, an object
+    that is not a plain value copied whole (``_fresh``)."""
+    import torch
+
+    return x.detach().clone() if isinstance(x, torch.Tensor) else _fresh(x)
+
+
+def _fresh(x):
+    """A copy of a stateful argument, for one call: transformers' caches are arguments that a call fills and
+    the next call reads (a cross-attention computes its keys once, marks the cache updated, and later calls take
+    them from it).  Replayed with the object the forward left behind, or one an earlier replay filled, a call
+    reads keys computed elsewhere instead of computing them from its own inputs, and its gradient is another
+    function's: Whisper's decoder cross-attention was blamed on torch so.  A value that cannot be copied is
+    passed as it is."""
+    import torch
+
+    if isinstance(x, (*_IMMUTABLE, torch.dtype, torch.device, torch.Tensor)) or callable(x):
+        return x
+    try:
+        return copy.deepcopy(x)
+    except Exception:  # an object holding what cannot be copied (a lock, a file): as it is
+        return x
 
 
 def _numpy(x):
