@@ -497,6 +497,53 @@ def test_a_function_without_setup_context_is_traced_as_written_where_functionali
         from_torch(_BranchingMLP(3, "wrong"), torch.randn(5, 12), seed=0)
 
 
+class _Doubled(torch.autograd.Function):
+    """A right hand-written kernel, without setup_context."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * 2
+
+
+class _SelectWriter(nn.Module):
+    """Branches on a value (torch.export refuses), applies a hand-written kernel (functionalize refuses) and writes
+    one column: traced as written, the write is a ``select_scatter``."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x):
+        if x.abs().sum() > 0:
+            x = x * 1.0
+        y = _Doubled.apply(self.lin(x))
+        z = y * 1.0
+        z[:, 1] = torch.tanh(y[:, 2])
+        return z
+
+
+@pytest.mark.parametrize("wrong", [False, True], ids=["right", "index off by one"])
+def test_a_write_in_a_model_traced_as_written_is_lowered_and_checked(monkeypatch, wrong):
+    op = "aten.select_scatter.default"
+    if wrong:  # the control: a plausible bug in the lowering is caught by the node-by-node check, not blamed on torch
+        right = aten.LOWERINGS[op]
+        monkeypatch.setitem(aten.LOWERINGS, op, lambda ctx, self, src, dim, index: right(ctx, self, src, dim, index + 1))
+    monkeypatch.setenv("GRADCHECK_NO_CACHE", "1")
+    torch.manual_seed(0)
+    res = run_case(from_torch(_SelectWriter(), torch.randn(3, 4), seed=0), RunOptions(backends=ALL))
+    if not wrong:
+        assert_agree(res)
+        return
+    assert set(res.unavailable) == {"tape", "jax"}, (res.unavailable, res.errors)
+    assert all(f"the lowering of {op} disagrees with torch's {op}" in why for why in res.unavailable.values())
+    assert not any("torch" in leaf.blame for leaf in res.leaves)
+
+
 def test_a_model_traced_at_the_example_agrees_submodule_by_submodule_when_right():
     res = run_case(_traced_case("silu"), RunOptions(per_layer=True))
     assert_agree(res)

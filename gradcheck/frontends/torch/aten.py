@@ -908,6 +908,14 @@ def slice_scatter(ctx, self, src, dim=0, start=None, end=None, step=1):
     return _scatter(ctx, self, _index(nd, dim, slice(start, end, step)), src, accumulate=False)
 
 
+@lower("aten.select_scatter.default")
+def select_scatter(ctx, self, src, dim, index):
+    """``self`` with ``src`` written at ``self.select(dim, index)`` (an item assignment made functional where the
+    graph is functionalised without decompositions: a module traced as written, ``capture._as_written``)."""
+    nd = len(o.shape_of(self))
+    return _scatter(ctx, self, _index(nd, dim, int(index)), src, accumulate=False)
+
+
 @lower("aten.cumsum.default")
 def cumsum(ctx, self, dim, dtype=None):
     """A product with the upper-triangular ones matrix along ``dim`` (differentiable wherever matmul is).
