@@ -384,9 +384,10 @@ NOT_LOWERED = {
     ("F.interpolate bicubic, antialias", MODES): Gap(
         "unavailable", "aten._upsample_bicubic2d_aa.default is an op without a lowering",
         "antialiased bicubic resizing (torch's widened cubic filter) is not written; antialiased bilinear is"),
-    ("CrossMapLRN2d", MODES): Gap("capture", "autograd.Function",
-                                  "a legacy autograd.Function (no setup_context): torch.export and make_fx refuse "
-                                  "to trace through it"),
+    ("CrossMapLRN2d", MODES): Gap("unavailable", "aten.resize_as.default is an op without a lowering",
+                                  "a legacy autograd.Function (no setup_context), traced as written: it resizes an "
+                                  "empty tensor (resize_as_) and fills it through out= arguments, and resize_as, "
+                                  "whose values torch leaves uninitialised, is not lowered; torch alone is checked"),
     ("MultiLabelMarginLoss unbatched, no reduction", MODES): Gap(
         "unavailable", "shape (1,), torch's ()",
         "torch's own inconsistency: the Core ATen decomposition returns shape (1,) for a 1-d input with "
