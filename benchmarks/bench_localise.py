@@ -28,24 +28,9 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _common  # noqa: E402
+import third_party  # noqa: E402
 
 FACTOR = 1.01  # the wrong backward's factor
-
-
-def _wrong_backward():
-    """An identity whose backward is ``FACTOR`` times too large: the benchmark's one wrong VJP."""
-    import torch
-
-    class Wrong(torch.autograd.Function):
-        @staticmethod
-        def forward(ctx, x):
-            return x.clone()
-
-        @staticmethod
-        def backward(ctx, g):
-            return g * FACTOR
-
-    return Wrong
 
 
 def _zoo_case(variant: str, seed: int):
@@ -55,11 +40,11 @@ def _zoo_case(variant: str, seed: int):
     from gradcheck.backends.torch import ops as torch_ops
 
     if variant == "failing":
-        wrong = _wrong_backward()
+        wrong = third_party.scaled_gradient("torch", FACTOR)
         original = torch_ops.conv
 
         def conv(x, w, *args, **kwargs):
-            return original(wrong.apply(x) if tuple(w.shape) == (256, 128, 3, 3) else x, w, *args, **kwargs)
+            return original(wrong(x) if tuple(w.shape) == (256, 128, 3, 3) else x, w, *args, **kwargs)
 
         torch_ops.conv = conv
     return targets.resolve(["resnet18"], targets.Request(seed=seed))[0]
@@ -81,11 +66,11 @@ def child(variant: str, seed: int, model_name: str = "from_torch") -> dict:
     inner_localise = localise.localise
     localise.localise = lambda *a, **k: found.append(inner_localise(*a, **k)) or found[-1]
 
-    wrong = _wrong_backward()
+    wrong = third_party.scaled_gradient("torch", FACTOR)
 
     class WrongBackward(torch.nn.Module):
         def forward(self, x):
-            return wrong.apply(x)
+            return wrong(x)
 
     if model_name == "zoo":
         c0, t0 = time.process_time(), time.perf_counter()  # building gradcheck's own case counts

@@ -116,7 +116,7 @@ def _jax_add():
 
 def _lowered_add(backend: str, frontend: str):
     """The frontend's lowering table and its ``add`` entries, each passing ``backend``'s results through
-    ``_scaled(backend)``."""
+    ``scaled_gradient(backend)``."""
     from gradcheck.backends import backend_of
 
     if frontend == "jax":
@@ -125,7 +125,7 @@ def _lowered_add(backend: str, frontend: str):
     else:
         from gradcheck.frontends.torch.aten import LOWERINGS as table
         names = ("aten.add.Tensor", "aten.add.Scalar")
-    scaled = _scaled(backend)
+    scaled = scaled_gradient(backend)
 
     def wrong(right):
         def lowering(*args, **kwargs):
@@ -137,15 +137,16 @@ def _lowered_add(backend: str, frontend: str):
     return table, {name: wrong(table[name]) for name in names}
 
 
-def _scaled(backend: str):
-    """An identity on ``backend``'s arrays whose gradient is ``FACTOR`` times the incoming one."""
+def scaled_gradient(backend: str, factor: float = FACTOR):
+    """An identity on ``backend``'s arrays whose gradient is ``factor`` times the incoming one (the sweeps'
+    faults, and ``bench_localise.py``'s wrong VJP)."""
     if backend == "tape":
         import numpy as np
 
         from gradcheck import ops
         from gradcheck.backends.tape.tape import Primitive
 
-        return Primitive("scaled_gradient", lambda y: np.asarray(y)).defvjp(lambda g, ans, y: ops.mul(g, FACTOR))
+        return Primitive("scaled_gradient", lambda y: np.asarray(y)).defvjp(lambda g, ans, y: ops.mul(g, factor))
     import torch
 
     class Scaled(torch.autograd.Function):
@@ -155,7 +156,7 @@ def _scaled(backend: str):
 
         @staticmethod
         def backward(ctx, g):
-            return g * FACTOR
+            return g * factor
 
     return Scaled.apply
 
@@ -175,7 +176,7 @@ def _torch_adds():
         def backward(ctx, g):
             return g * FACTOR
 
-    scaled = _scaled("torch")
+    scaled = scaled_gradient("torch")
     T = torch.Tensor
     out_of_place = {torch.add, T.add, T.__add__, T.__radd__}
     in_place = {T.add_, T.__iadd__}

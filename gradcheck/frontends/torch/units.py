@@ -269,8 +269,7 @@ class UnitCall:
         like = next(iter(state.values()), inputs[0] if inputs else None)
         for name, value in self.foreign.items():
             state[name] = torch.as_tensor(value, dtype=_float_of(state, inputs), device=like.device)
-        flat = [inputs[v] if kind == "input" else _fresh(v) if kind == "static" else v for kind, v in self.slots]
-        args, kwargs = pytree.tree_unflatten(flat, self.spec)
+        args, kwargs = pytree.tree_unflatten(_arguments(self.slots, inputs), self.spec)
         graph = self.graph
         draws = [graph.draws.index[n.name] for n in self.unit.nodes if n.name in graph.draws.index]
         facts = TorchFacts.of(self.seed, graph.draws, draws)
@@ -325,10 +324,9 @@ class UnitCall:
         draws = [graph.draws.index[n.name] for n in self.unit.nodes if n.name in graph.draws.index]
         recorded: dict = {}
         facts = TorchFacts.of(self.seed, graph.draws, draws, recorded)
-        flat = [inputs[v] if kind == "input" else _fresh(v) if kind == "static" else v for kind, v in slots]
         from torch.utils import _pytree as pytree
 
-        args, kwargs = pytree.tree_unflatten(flat, self.spec)
+        args, kwargs = pytree.tree_unflatten(_arguments(slots, inputs), self.spec)
         with torch.no_grad():
             call_torch(module, state, tuple(args), dict(kwargs), self.training, facts)
         saved = {"slots": slots, "spec": self.spec, "picks": self.picks, "training": self.training,
@@ -489,9 +487,13 @@ _IMMUTABLE = (int, float, complex, bool, str, bytes, type(None), enum.Enum, type
 def _as_called(x):
     """An argument of a submodule call as it was when the call was made: a tensor detached and copied, an object
     that is not a plain value copied whole (``_fresh``)."""
-    import torch
+    return _fresh(_detached(x))
 
-    return x.detach().clone() if isinstance(x, torch.Tensor) else _fresh(x)
+
+def _arguments(slots: list, inputs) -> list:
+    """A replayed call's flattened arguments (``UnitCall.slots``): the replay's inputs where they go, a fresh copy
+    of each stateful argument, the recorded tensors as they are."""
+    return [inputs[v] if kind == "input" else _fresh(v) if kind == "static" else v for kind, v in slots]
 
 
 def _fresh(x):
