@@ -284,6 +284,42 @@ def test_the_key_changes_with_what_shapes_the_graph(monkeypatch):
     assert key_of(m, x) != base
 
 
+def _made_with(act):
+    """A module class made by a function: one source for every class it makes, told apart by its closure."""
+
+    class Made(nn.Module):
+        def forward(self, x):
+            return act(x)
+
+    return Made()
+
+
+def test_the_key_changes_with_what_a_class_made_by_a_function_closes_over():
+    x = torch.randn(2, 3)
+    assert key_of(_made_with(torch.cos), x) != key_of(_made_with(torch.acos), x)
+    assert key_of(_made_with(torch.cos), x) == key_of(_made_with(torch.cos), x)
+
+
+def test_a_class_made_by_a_function_gets_its_own_graph_on_an_empty_input(folder, exports):
+    """The load check compares outputs, which an empty input cannot tell apart: the key must."""
+    x = torch.randn(1, 0, 3, dtype=torch.float64)
+    from_torch(_made_with(torch.acos), x)
+    case = from_torch(_made_with(torch.cos), x)
+    graph = case.build(np.random.default_rng(0))._program.graph(case.mode == "train")
+    ops = {str(n.target) for n in graph.nodes if n.op == "call_function"}
+    assert "aten.cos.default" in ops and "aten.acos.default" not in ops, ops
+    assert len(exports) == 2 and len(entries(folder)) == 2
+
+
+def _countdown(n):
+    return _countdown(n - 1) if n > 0 else 0  # reads itself: the key names it rather than following it
+
+
+def test_a_forward_calling_a_recursive_helper_is_keyed():
+    m, x = small()
+    assert key_of(m, x, forward=lambda mod, x: mod(x) * (1 + _countdown(2))) is not None
+
+
 def test_another_torch_version_captures_afresh(folder, exports, monkeypatch):
     from_torch(*small())
     monkeypatch.setattr(torch, "__version__", "9.9.9+other")

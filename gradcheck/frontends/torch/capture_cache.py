@@ -13,7 +13,7 @@ build (docs/decisions.md).
 
 The key (:func:`key`) covers what can change the captured graph: the source
 of every module class of the model that torch does not define (and of the
-file it is in), each submodule's attributes, training flag, parameter and
+file it is in) and what its methods close over, each submodule's attributes, training flag, parameter and
 buffer names, shapes, dtypes and ``requires_grad``; the ``forward=`` and
 ``references=`` functions (their source, closures and the globals they
 read); the example inputs' shapes, dtypes and devices; the decomposition;
@@ -152,15 +152,47 @@ _classes: dict = {}
 
 
 def _class(cls) -> list:
-    """A class by its name and, for each class of its MRO torch does not define, its source and its file's."""
+    """A class by its name and, for each class of its MRO torch does not define, its source and its file's, and
+    what its methods close over.  A class made by a function (``def make(act): class Block(nn.Module): ...``) has
+    one source for every class it makes, and only the closures tell them apart: without them, a Block made with
+    ``torch.cos`` was handed the graph of one made with ``torch.acos``, and the load check, comparing outputs, cannot
+    see the difference on an empty input.  Kept per class: a class's closures are fixed when it is made."""
     if cls not in _classes:
         parts = [f"{cls.__module__}.{cls.__qualname__}"]
         for c in cls.__mro__:
             if c is object or _torch_defined(c):
                 continue
             parts.append(_source(c, f"class {c.__qualname__}"))
+            parts.extend(_closures(c))
         _classes[cls] = parts
     return _classes[cls]
+
+
+def _closures(cls) -> list:
+    """What the functions defined in ``cls``'s body (methods, static and class methods, properties) close over."""
+    out = []
+    for name, member in sorted(vars(cls).items()):
+        for fn in (getattr(member, "__func__", member), getattr(member, "fget", None)):
+            cells = getattr(fn, "__closure__", None) or ()
+            described = [_cell(cell) for cell in cells if not _is_class_cell(cell, cls)]
+            if described:
+                out.append([name, described])
+    return out
+
+
+def _is_class_cell(cell, cls) -> bool:
+    """The ``__class__`` cell that ``super()`` needs: the class itself, which the key names already."""
+    try:
+        return cell.cell_contents is cls
+    except ValueError:  # an empty cell
+        return False
+
+
+def _cell(cell):
+    try:
+        return _describe(cell.cell_contents, {}, depth=1)
+    except ValueError:  # an empty cell
+        return None
 
 
 def _torch_defined(obj) -> bool:
@@ -189,17 +221,22 @@ def _function(fn) -> list:
     code = getattr(fn, "__code__", None)
     if code is None:  # a callable object: its class
         return _class(type(fn)) + [_describe(vars(fn), {})] if hasattr(fn, "__dict__") else _class(type(fn))
-    out = [_source(fn, f"function {getattr(fn, '__qualname__', fn)}")]
-    for cell in getattr(fn, "__closure__", None) or ():
-        try:
-            out.append(_describe(cell.cell_contents, {}, depth=1))
-        except ValueError:  # an empty cell
-            out.append(None)
-    globals_ = getattr(fn, "__globals__", {})
-    for name in sorted(set(_names(code))):
-        if name in globals_ and not isinstance(globals_[name], types.ModuleType):
-            out.append([name, _describe(globals_[name], {}, depth=1)])
-    return out
+    if fn in _describing:  # a function that reads itself (a recursive helper): named, not described again
+        return ["recursive", getattr(fn, "__qualname__", repr(fn))]
+    _describing.add(fn)
+    try:
+        out = [_source(fn, f"function {getattr(fn, '__qualname__', fn)}")]
+        out.extend(_cell(cell) for cell in getattr(fn, "__closure__", None) or ())
+        globals_ = getattr(fn, "__globals__", {})
+        for name in sorted(set(_names(code))):
+            if name in globals_ and not isinstance(globals_[name], types.ModuleType):
+                out.append([name, _describe(globals_[name], {}, depth=1)])
+        return out
+    finally:
+        _describing.discard(fn)
+
+
+_describing: set = set()  # the functions being described: a recursive one is not followed into itself
 
 
 def _names(code) -> list[str]:
