@@ -457,6 +457,80 @@ def copy(ctx, self, src, non_blocking=False):
     return src if o.shape_of(src) == shape else o.broadcast_to(src, shape)
 
 
+# Ops whose value torch leaves partly uninitialised (a tensor grown by resize_, ctc_loss's log_alpha past a sample's
+# lengths): ``fn(node, torch_args, value)`` is torch's value with those elements as the lowering makes them, so the
+# node-by-node check (``interpreter._verify``) holds a lowering to what torch defines, and the nodes after it read
+# the same values on both sides.
+PARTLY_UNINITIALISED: dict[str, Callable] = {}
+
+
+def _partly_uninitialised(*names: str):
+    def register(fn):
+        for name in names:
+            PARTLY_UNINITIALISED[name] = fn
+        return fn
+
+    return register
+
+
+@lower("aten.resize.default", "aten.resize_.default")
+def resize(ctx, self, size, memory_format=None):
+    """``self.resize_(size)`` made functional: ``self``'s leading elements, row-major, in the new shape.
+
+    torch keeps the storage: the first min(old, new) elements of the result
+    are ``self``'s in row-major order (its storage order, for the contiguous
+    tensor the check requires).  Where the tensor grows, torch leaves memory
+    uninitialised: its values there are undefined (whatever the allocator
+    held), so a model that reads them before writing them has a bug of its
+    own, and the lowering gives zeros, as ``aten.empty`` does.  A legacy
+    ``autograd.Function`` traced as written makes its outputs so
+    (``input.new().resize_as_(input)``, filled through ``out=``).
+    """
+    size = tuple(int(s) for s in size)
+    _resizable(ctx, self)
+    n, have = math.prod(size), math.prod(o.shape_of(self))
+    keep = builtins.min(n, have)
+    if keep == 0:
+        return np.zeros(size, dtype=np.dtype(o.dtype_of(self)))
+    flat = o.getitem(o.reshape(self, (have,)), slice(0, keep))
+    if keep < n:  # the grown part: zeros, no gradient (torch's values there are undefined)
+        flat = o.concatenate([flat, o.asarray(np.zeros(n - keep, dtype=np.dtype(o.dtype_of(self))), like=flat)])
+    return o.reshape(flat, size)
+
+
+@lower("aten.resize_as.default", "aten.resize_as_.default")
+def resize_as(ctx, self, the_template, memory_format=None):
+    """``self.resize_as_(the_template)``: ``self`` resized to the template's shape (``resize``); the template's
+    values are not read."""
+    return resize(ctx, self, o.shape_of(the_template), memory_format)
+
+
+def _resizable(ctx, self):
+    """Refuse a resize of a non-contiguous tensor, whose kept elements are torch's storage order, not row-major
+    (the graph records the strides torch traced the node's input with)."""
+    node = getattr(ctx, "node", None)
+    src = node.args[0] if node is not None and node.args else None
+    val = _traced_value(src) if hasattr(src, "meta") else None
+    if val is not None and hasattr(val, "is_contiguous") and val.numel() > 0 and not val.is_contiguous():
+        _unsupported(ctx.op, "a non-contiguous tensor to resize",
+                     "torch keeps its storage order, not the row-major order the lowering keeps (a contiguous "
+                     "tensor's resize is lowered)")
+
+
+@_partly_uninitialised("aten.resize.default", "aten.resize_.default", "aten.resize_as.default",
+                       "aten.resize_as_.default")
+def _grown_as_lowered(node, args, value):
+    """torch's resized value with the grown elements zeros, as the lowering gives them: only the kept ones are
+    torch's to define.  The input's size is the one traced (``resize_`` has already resized ``args[0]``)."""
+    src = _traced_value(node.args[0]) if node.args else None
+    keep = src.numel() if hasattr(src, "numel") else value.numel()
+    if keep >= value.numel():
+        return value
+    out = value.detach().clone()
+    out.view(-1)[keep:] = 0  # a resize's result is contiguous: view(-1) is its row-major order
+    return out
+
+
 @lower("aten.empty_permuted.default")
 def empty_permuted(ctx, size, physical_layout, dtype=None, **_):
     # torch.empty_like's: the layout in memory is torch's business, the values are nobody's.
@@ -1769,25 +1843,42 @@ def upsample_bilinear2d(ctx, self, output_size, align_corners, scales_h=None, sc
     return o.upsample_bilinear2d(self, tuple(output_size), align_corners, scales)
 
 
-def _antialias_matrix(size: int, out: int, align_corners: bool, scale_factor=None) -> np.ndarray:
-    """The ``out x size`` weights of torch's antialiased bilinear resize along one dim (``_compute_weights_aa``).
+def _triangle(x):
+    """The bilinear filter: 1 - |x| on (-1, 1)."""
+    return np.maximum(1.0 - np.abs(x), 0.0)
 
-    A triangle filter widened by the downscale factor (``support = scale``
-    when shrinking), centred at ``scale * (i + 0.5)``, its taps normalised to
-    sum to one; for enlarging it is plain bilinear's filter.
+
+def _keys_cubic(x, a: float = -0.5):
+    """torch's antialiasing bicubic filter (``HelperInterpCubic::aa_filter``): the cubic convolution kernel on
+    (-2, 2) with Keys' a = -0.5, as Pillow's, where bicubic without antialiasing (and grid sampling) use -0.75."""
+    x = np.abs(x)
+    near = ((a + 2) * x - (a + 3)) * x * x + 1
+    far = ((a * x - 5 * a) * x + 8 * a) * x - 4 * a
+    return np.where(x < 1.0, near, np.where(x < 2.0, far, 0.0))
+
+
+def _antialias_matrix(size: int, out: int, align_corners: bool, scale_factor=None, width: int = 2,
+                      kernel=_triangle) -> np.ndarray:
+    """The ``out x size`` weights of torch's antialiased resize along one dim (``_compute_weights_aa``).
+
+    ``kernel`` (bilinear's triangle, ``width`` 2, or the cubic filter, 4)
+    widened by the downscale factor (``support = width / 2 * scale`` when
+    shrinking), centred at ``scale * (i + 0.5)``, its taps normalised to sum
+    to one; for enlarging it is the plain filter, its taps past the edges
+    dropped (normalising gives the rest their weight).
     """
     if align_corners:
         scale = (size - 1) / (out - 1) if out > 1 else 0.0
     else:
         scale = 1.0 / scale_factor if scale_factor is not None and scale_factor > 0 else size / out
-    support = scale if scale >= 1.0 else 1.0
+    support = width / 2 * (scale if scale >= 1.0 else 1.0)
     invscale = 1.0 / scale if scale >= 1.0 else 1.0
     m = np.zeros((out, size))
     for i in range(out):
         center = scale * (i + 0.5)
         lo = builtins.max(int(center - support + 0.5), 0)
         hi = builtins.min(int(center + support + 0.5), size)
-        taps = np.maximum(1.0 - np.abs((np.arange(lo, hi) - center + 0.5) * invscale), 0.0)
+        taps = kernel((np.arange(lo, hi) - center + 0.5) * invscale)
         if taps.sum() != 0.0:
             m[i, lo:hi] = taps / taps.sum()
     return m
@@ -1796,20 +1887,38 @@ def _antialias_matrix(size: int, out: int, align_corners: bool, scale_factor=Non
 @lower("aten._upsample_bilinear2d_aa.default", "aten._upsample_bilinear2d_aa.vec")
 def upsample_bilinear2d_aa(ctx, self, output_size, align_corners, scales_h=None, scales_w=None):
     """``F.interpolate(mode="bilinear", antialias=True)``: two contractions with torch's antialiasing weights."""
+    return _resize_aa(ctx, self, output_size, align_corners, scales_h, scales_w, 2, _triangle)
+
+
+@lower("aten._upsample_bicubic2d_aa.default", "aten._upsample_bicubic2d_aa.vec")
+def upsample_bicubic2d_aa(ctx, self, output_size, align_corners, scales_h=None, scales_w=None):
+    """``F.interpolate(mode="bicubic", antialias=True)``: the same contractions with the cubic filter (four taps
+    wide, widened when shrinking), not the clamped four-tap stencil of bicubic without antialiasing."""
+    return _resize_aa(ctx, self, output_size, align_corners, scales_h, scales_w, 4, _keys_cubic)
+
+
+def _resize_aa(ctx, self, output_size, align_corners, scales_h, scales_w, width, kernel):
+    """An antialiased 2-d resize as two contractions, one per dim, with ``_antialias_matrix``'s weights."""
     if ctx.op.endswith(".vec"):  # (input, output_size, align_corners, scale_factors)
         scales_h, scales_w = _pair(scales_h) if scales_h is not None else (None, None)
     x, was = _batched(self, 2)
     (h, w), (oh, ow) = o.shape_of(x)[2:], (tuple(output_size) if output_size is not None else (
         int(math.floor(o.shape_of(x)[2] * scales_h)), int(math.floor(o.shape_of(x)[3] * scales_w))))
-    mh = o.asarray(_antialias_matrix(h, oh, align_corners, scales_h), like=x)
-    mw = o.asarray(_antialias_matrix(w, ow, align_corners, scales_w), like=x)
+    mh = o.asarray(_antialias_matrix(h, oh, align_corners, scales_h, width, kernel), like=x)
+    mw = o.asarray(_antialias_matrix(w, ow, align_corners, scales_w, width, kernel), like=x)
     return _unbatched(o.einsum("ncoj,pj->ncop", o.einsum("nchw,oh->ncow", x, mh), mw), was)
+
+
+def _grid_unnormalize(c, size: int, align_corners: bool):
+    """torch's ``grid_sampler_unnormalize``: a grid coordinate in [-1, 1] as a pixel position of an axis of ``size``
+    (-1 and 1 the first and last pixels' centres, or their outer edges), neither clipped nor reflected."""
+    return o.mul(o.add(c, 1.0), (size - 1) / 2) if align_corners else o.div(o.sub(o.mul(o.add(c, 1.0), size), 1.0), 2)
 
 
 def _grid_coordinate(c, size: int, padding_mode: int, align_corners: bool):
     """torch's ``grid_sampler_compute_source_index``: a grid coordinate in [-1, 1] as a pixel position of an axis
     of ``size``, clipped (border) or reflected (reflection) into it; differentiable in ``c``."""
-    c = o.mul(o.add(c, 1.0), (size - 1) / 2) if align_corners else o.div(o.sub(o.mul(o.add(c, 1.0), size), 1.0), 2)
+    c = _grid_unnormalize(c, size, align_corners)
     if padding_mode == 2:  # reflection, about the first and last pixels' centres (corners aligned) or edges
         low, span = (0.0, size - 1.0) if align_corners else (-0.5, float(size))
         if span > 0:
@@ -1826,15 +1935,17 @@ def _grid_coordinate(c, size: int, padding_mode: int, align_corners: bool):
 
 @lower("aten.grid_sampler_2d.default")
 def grid_sampler_2d(ctx, input, grid, interpolation_mode, padding_mode, align_corners):  # noqa: A002
-    """``F.grid_sample`` on (N, C, H, W) at a grid (N, Ho, Wo, 2) of (x, y) in [-1, 1]: bilinear or nearest, with
-    zeros, border or reflection padding, differentiable in the input and (bilinear) in the grid.
+    """``F.grid_sample`` on (N, C, H, W) at a grid (N, Ho, Wo, 2) of (x, y) in [-1, 1]: bilinear, nearest or
+    bicubic, with zeros, border or reflection padding, differentiable in the input and (bilinear, bicubic) in
+    the grid.
 
     The four (one) pixels around each point are gathered at positions
     computed from the grid's values (a step: no gradient), the bilinear
     weights from its fractional parts; a pixel outside the input adds zero.
+    Bicubic pads each of its sixteen taps instead (``_grid_sample_bicubic``).
     """
-    if interpolation_mode not in (0, 1):
-        _unsupported("aten.grid_sampler_2d", "mode='bicubic'", "bilinear and nearest are lowered")
+    if interpolation_mode == 2:
+        return _grid_sample_bicubic(input, grid, padding_mode, align_corners)
     n, c, h, w = o.shape_of(input)
     ix = _grid_coordinate(o.getitem(grid, (Ellipsis, 0)), w, padding_mode, align_corners)
     iy = _grid_coordinate(o.getitem(grid, (Ellipsis, 1)), h, padding_mode, align_corners)
@@ -1857,6 +1968,119 @@ def grid_sampler_2d(ctx, input, grid, interpolation_mode, padding_mode, align_co
     for row, col, weight in ((y0, x0, o.mul(gy, gx)), (y0, x0 + 1, o.mul(gy, fx)), (y0 + 1, x0, o.mul(fy, gx)),
                              (y0 + 1, x0 + 1, o.mul(fy, fx))):
         term = o.mul(pick(row, col), o.expand_dims(weight, 1))
+        out = term if out is None else o.add(out, term)
+    return out
+
+
+_GRID_CUBIC_A = -0.75  # torch's bicubic grid sampling (and bicubic resizing without antialiasing)
+
+
+def _cubic_coefficients(t, a: float = _GRID_CUBIC_A):
+    """torch's ``get_cubic_upsample_coefficients``: the weights of the taps at -1, 0, 1 and 2 of a point ``t`` in
+    [0, 1) past tap 0, by the cubic convolution kernel with parameter ``a``; differentiable in ``t``."""
+
+    def near(x):  # |x| <= 1
+        return o.add(o.mul(o.mul(o.sub(o.mul(x, a + 2), a + 3), x), x), 1.0)
+
+    def far(x):  # 1 <= |x| < 2
+        return o.sub(o.mul(o.add(o.mul(o.sub(o.mul(x, a), 5 * a), x), 8 * a), x), 4 * a)
+
+    s = o.sub(1.0, t)
+    return far(o.add(t, 1.0)), near(t), near(s), far(o.add(s, 1.0))
+
+
+def _bounded_tap(p, size: int, padding_mode: int, align_corners: bool, xp):
+    """torch's ``get_value_bounded`` for taps at whole positions ``p`` (floats, any distance past the edges): the
+    index each reads and where it reads anything (None: everywhere).
+
+    Bicubic pads each tap, not the point: zeros reads nothing outside,
+    border reads the nearest edge pixel, reflection reflects the tap about
+    the edge pixels' centres (corners aligned) or outer edges, then clips.
+    """
+    if padding_mode == 0:
+        return xp.clip(p, 0, size - 1).astype(np.int64), (p >= 0) & (p < size)
+    if padding_mode == 2:
+        low, span = (0.0, size - 1.0) if align_corners else (-0.5, float(size))
+        if span > 0:
+            d = xp.abs(p - low)
+            flips = xp.floor(d / span)
+            extra = d - flips * span
+            p = xp.where(flips % 2 == 0, extra + low, span + low - extra)
+        else:
+            p = p * 0.0
+    return xp.clip(p, 0, size - 1).astype(np.int64), None
+
+
+def _gather(input, index, inside, xp):  # noqa: A002
+    """``input`` (N, C, *spatial) at whole positions, one (N, *out) index array per spatial dim: (N, C, *out),
+    zero where ``inside`` (None: everywhere) is False."""
+    k = index[0].ndim
+    batch = np.arange(o.shape_of(input)[0]).reshape((-1,) + (1,) * (k - 1))
+    value = o.getitem(input, (batch, slice(None), *index))
+    value = o.transpose(value, (0, k, *range(1, k)))  # numpy puts the indexed axes first
+    return value if inside is None else o.where(xp.expand_dims(inside, 1), value, 0.0)
+
+
+def _grid_sample_bicubic(input, grid, padding_mode: int, align_corners: bool, a: float = _GRID_CUBIC_A):  # noqa: A002
+    """``F.grid_sample(mode="bicubic")`` as torch computes it: from the unnormalised point, neither clipped nor
+    reflected (a point is padded tap by tap), the 4x4 pixels around ``floor`` of it, each row interpolated along
+    x, then the four rows along y, with the cubic convolution weights of the fractional parts (torch's a = -0.75).
+
+    ``floor`` is a step (no gradient); the grid's gradient is that of the
+    weights in the fractional parts, as torch's backward computes it.
+    """
+    h, w = o.shape_of(input)[2:]
+    ix = _grid_unnormalize(o.getitem(grid, (Ellipsis, 0)), w, align_corners)
+    iy = _grid_unnormalize(o.getitem(grid, (Ellipsis, 1)), h, align_corners)
+    xp = _logic(ix, iy)
+    x0, y0 = xp.floor(_raw(ix)), xp.floor(_raw(iy))
+    wx, wy = _cubic_coefficients(o.sub(ix, x0), a), _cubic_coefficients(o.sub(iy, y0), a)
+    cols = [_bounded_tap(x0 + k, w, padding_mode, align_corners, xp) for k in (-1, 0, 1, 2)]
+    out = None
+    for k, row_weight in zip((-1, 0, 1, 2), wy):
+        row, row_inside = _bounded_tap(y0 + k, h, padding_mode, align_corners, xp)
+        line = None
+        for (col, col_inside), weight in zip(cols, wx):
+            inside = None if row_inside is None else row_inside & col_inside
+            term = o.mul(_gather(input, (row, col), inside, xp), o.expand_dims(weight, 1))
+            line = term if line is None else o.add(line, term)
+        term = o.mul(line, o.expand_dims(row_weight, 1))
+        out = term if out is None else o.add(out, term)
+    return out
+
+
+@lower("aten.grid_sampler_3d.default")
+def grid_sampler_3d(ctx, input, grid, interpolation_mode, padding_mode, align_corners):  # noqa: A002
+    """``F.grid_sample`` on (N, C, D, H, W) at a grid (N, Do, Ho, Wo, 3) of (x, y, z) in [-1, 1]: trilinear or
+    nearest, zeros, border or reflection padding, as the 2-d sampler with eight (one) taps per point."""
+    if interpolation_mode not in (0, 1):
+        _unsupported("aten.grid_sampler_3d", "mode='bicubic'" if interpolation_mode == 2 else
+                     f"interpolation_mode={interpolation_mode}",
+                     "trilinear and nearest are lowered (F.grid_sample samples volumes in no other mode)")
+    sizes = o.shape_of(input)[2:]  # (D, H, W), read by the grid's (z, y, x)
+    pos = [_grid_coordinate(o.getitem(grid, (Ellipsis, 2 - k)), size, padding_mode, align_corners)
+           for k, size in enumerate(sizes)]
+    xp = _logic(*pos)
+
+    def pick(index):  # the input at whole positions (N, Do, Ho, Wo) per dim, 0 outside: (N, C, Do, Ho, Wo)
+        inside = None
+        for i, size in zip(index, sizes):
+            within = (i >= 0) & (i < size)
+            inside = within if inside is None else inside & within
+        return _gather(input, [xp.clip(i, 0, size - 1) for i, size in zip(index, sizes)], inside, xp)
+
+    if interpolation_mode == 1:  # nearest: torch rounds half to even
+        return pick([xp.round(_raw(p)).astype(np.int64) for p in pos])
+    lows = [xp.floor(_raw(p)) for p in pos]
+    fracs = [o.sub(p, lo) for p, lo in zip(pos, lows)]  # the weights' dependence on the grid
+    lows = [lo.astype(np.int64) for lo in lows]
+    out = None
+    for corner in np.ndindex(2, 2, 2):  # torch's order: z, then y, then x
+        weight = None
+        for up, f in zip(corner, fracs):
+            factor = f if up else o.sub(1.0, f)
+            weight = factor if weight is None else o.mul(weight, factor)
+        term = o.mul(pick([lo + up for lo, up in zip(lows, corner)]), o.expand_dims(weight, 1))
         out = term if out is None else o.add(out, term)
     return out
 
@@ -2012,3 +2236,146 @@ def _random_rows():
 
 
 _random_rows()
+
+
+# ---------------------------------------------------------------- connectionist temporal classification
+@lower("aten._ctc_loss.Tensor", "aten._ctc_loss.default")
+def ctc_loss(ctx, log_probs, targets, input_lengths, target_lengths, blank=0, zero_infinity=False):
+    """``aten._ctc_loss``: each sample's negative log likelihood (N,) and the forward variables ``log_alpha``
+    (N, T, 2S+1), S the longest target length, as torch's kernel computes them (``F.ctc_loss`` divides and reduces
+    the first in the graph; the second is what torch's backward reads, and no forward node does).
+
+    The alpha recursion over time in log space: state s of the extended target (the blank at even s, the labels
+    at odd s) is reached from s and s-1, and from s-2 where s is a label unlike the one two states back (a
+    repeated label needs the blank between).  The loss is minus the logsumexp of the last two states at the
+    sample's last step.  Lengths and targets are concrete at capture, so which states a sample reaches is known
+    in numpy (``_ctc_reachable``): each logsumexp runs over reachable predecessors only, since one over -inf
+    alone has a NaN gradient, and the states never reached are -inf in ``log_alpha``, as torch's are.
+
+    ``zero_infinity`` changes torch's backward only: a sample no alignment fits has loss inf, with NaN gradients,
+    zeros with it (``ctc_loss`` then replaces the loss by 0 in the graph).  Such a loss is a constant here, so its
+    gradient is 0 in both.
+    """
+    op = ctx.op
+    if len(o.shape_of(log_probs)) != 3:
+        _unsupported(op, f"log_probs of shape {o.shape_of(log_probs)}", "torch's kernel takes (T, N, C)")
+    T, N, _ = o.shape_of(log_probs)
+    il, tl = _ctc_ints(op, "input_lengths", input_lengths), _ctc_ints(op, "target_lengths", target_lengths)
+    labels, skip = _ctc_labels(op, _ctc_ints(op, "targets", targets), tl, int(blank))
+    reach = _ctc_reachable(il, tl, skip, T)
+    steps = builtins.max(int(il.max(initial=0)), 1)
+    fill = _ctc_fill(log_probs)
+    emit = o.getitem(log_probs, (slice(0, steps), np.arange(N)[:, None], labels))  # (steps, N, 2S+1)
+    alphas = [o.where(reach[0], o.getitem(emit, 0), fill)]
+    for t in range(1, steps):
+        alphas.append(o.where(reach[t], o.add(_ctc_step(alphas[-1], reach[t - 1], skip, fill), o.getitem(emit, t)),
+                              fill))
+    alpha = o.stack(alphas, axis=0)  # (steps, N, 2S+1), finite: ``fill`` where a state is not reached
+    return _ctc_nll(alpha, reach, il, tl, fill), _ctc_log_alpha(alpha, reach, T)
+
+
+def _ctc_ints(op, what, v) -> np.ndarray:
+    """Targets or lengths as numpy integers: concrete at capture (the graph's constants, or a list)."""
+    v = _raw(v)
+    if backend_of(v) == "jax":
+        _unsupported(op, f"traced {what}", "the recursion's bounds and the states it visits are numpy integers")
+    return np.asarray(v, dtype=np.int64)
+
+
+def _ctc_labels(op, targets, tl, blank) -> tuple[np.ndarray, np.ndarray]:
+    """The extended targets (N, 2S+1): blank, l1, blank, l2, ..., blank (blanks past a sample's end), and where
+    the transition from s-2 is allowed (s a label unlike l(s-2)).  ``targets`` padded (N, S') or concatenated."""
+    n, width = len(tl), 2 * int(tl.max(initial=0)) + 1
+    if targets.ndim == 2:
+        rows = [targets[i, :tl[i]] for i in range(n)]
+    elif targets.ndim == 1:
+        starts = np.cumsum(tl) - tl
+        rows = [targets[s:s + k] for s, k in zip(starts, tl)]
+    else:
+        _unsupported(op, f"targets of {targets.ndim} dims", "torch takes them padded (N, S) or concatenated (sum S)")
+    labels = np.full((n, width), blank, dtype=np.int64)
+    for i, row in enumerate(rows):
+        labels[i, 1:2 * len(row):2] = row
+    skip = np.zeros((n, width), dtype=bool)
+    skip[:, 2:] = (labels[:, 2:] != blank) & (labels[:, 2:] != labels[:, :-2])
+    return labels, skip
+
+
+def _ctc_reachable(il, tl, skip, T) -> np.ndarray:
+    """(T, N, 2S+1): whether a path of the sample's alignments is in state s at step t (t below its input length,
+    s within its 2L+1 states); the reachable states are where log_alpha is finite."""
+    n, width = skip.shape
+    within = np.arange(width)[None, :] < 2 * tl[:, None] + 1
+    reach = np.zeros((T, n, width), dtype=bool)
+    reach[0] = (np.arange(width)[None, :] < 2) & within & (il[:, None] > 0)
+    for t in range(1, T):
+        prev = reach[t - 1]
+        came = prev.copy()
+        came[:, 1:] |= prev[:, :-1]
+        came[:, 2:] |= prev[:, :-2] & skip[:, 2:]
+        reach[t] = came & within & (t < il[:, None])
+    return reach
+
+
+def _ctc_fill(log_probs):
+    """A finite stand-in for log 0 in the run's float dtype: exp of it less any log-probability is 0, and a
+    logsumexp over it alone is finite, with a finite gradient (which ``where`` then drops)."""
+    return float(np.finfo(np.dtype(o.dtype_of(log_probs))).min) / 8
+
+
+def _ctc_shift(x, k: int, fill):
+    """``x`` (N, W) moved k states on along its last axis, ``fill`` in the first k."""
+    n, width = o.shape_of(x)
+    head = o.asarray(np.full((n, builtins.min(k, width)), fill), like=x)
+    return head if k >= width else o.concatenate([head, o.getitem(x, (slice(None), slice(0, width - k)))], axis=1)
+
+
+def _ctc_step(prev, reached, skip, fill):
+    """log sum over the predecessors of each state: s, s-1, and s-2 where ``skip`` allows it, each only where
+    reached at the previous step (``fill`` elsewhere)."""
+    came1, came2 = np.zeros_like(reached), np.zeros_like(reached)
+    came1[:, 1:], came2[:, 2:] = reached[:, :-1], reached[:, :-2] & skip[:, 2:]
+    options = [o.where(reached, prev, fill), o.where(came1, _ctc_shift(prev, 1, fill), fill),
+               o.where(came2, _ctc_shift(prev, 2, fill), fill)]
+    return o.logsumexp(o.stack(options, axis=0), axis=0)
+
+
+def _ctc_nll(alpha, reach, il, tl, fill):
+    """Each sample's -log p(target): the last blank and the last label at its last step; inf where no alignment
+    fits (0 for an empty input with an empty target, as torch gives)."""
+    n = len(il)
+    last = np.maximum(il - 1, 0)
+    rows = np.arange(n)
+    ends = [2 * tl, np.maximum(2 * tl - 1, 0)]
+    valid = [reach[last, rows, ends[0]] & (il > 0), reach[last, rows, ends[1]] & (il > 0) & (tl > 0)]
+    pair = o.stack([o.where(v, o.getitem(alpha, (last, rows, e)), fill) for v, e in zip(valid, ends)], axis=1)
+    nll = o.neg(o.logsumexp(pair, axis=1))
+    fits = valid[0] | valid[1]
+    return o.where(fits, nll, np.where((il == 0) & (tl == 0), 0.0, np.inf))
+
+
+def _ctc_log_alpha(alpha, reach, T):
+    """log_alpha as torch's (N, T, 2S+1): the reachable states' values, -inf elsewhere (torch's -inf, or memory it
+    leaves uninitialised, ``_ctc_defined``), rows past the longest input included."""
+    steps = o.shape_of(alpha)[0]
+    la = o.where(reach[:steps], alpha, -np.inf)
+    if steps < T:
+        rest = np.full((T - steps,) + tuple(o.shape_of(alpha)[1:]), -np.inf)
+        la = o.concatenate([la, o.asarray(rest, like=alpha)], axis=0)
+    return o.transpose(la, (1, 0, 2))
+
+
+@_partly_uninitialised("aten._ctc_loss.Tensor", "aten._ctc_loss.default")
+def _ctc_defined(node, args, value):
+    """torch's (nll, log_alpha) with log_alpha -inf where torch's kernel writes nothing: the rows from a sample's
+    input length on and, past the first row (which it fills with -inf), the states past its 2L+1."""
+    import torch
+
+    nll, log_alpha = value
+    il, tl = (np.asarray(a.cpu() if isinstance(a, torch.Tensor) else a, dtype=np.int64) for a in args[2:4])
+    n, steps, width = log_alpha.shape
+    t, s = np.arange(steps)[None, :, None], np.arange(width)[None, None, :]
+    written = (t == 0) | ((t < il[:, None, None]) & (s < 2 * tl[:, None, None] + 1))
+    log_alpha = log_alpha.detach().clone()
+    log_alpha[torch.from_numpy(~written)] = -np.inf
+    return nll, log_alpha

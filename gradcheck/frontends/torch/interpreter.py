@@ -27,7 +27,12 @@ from gradcheck.check import kinks
 from gradcheck.check.kinks import KinkMismatch
 from gradcheck.frontends.arrays import array_differ
 from gradcheck.frontends.torch import capture, randomness, third_opinion
-from gradcheck.frontends.torch.aten import LOWERINGS, LoweringError, Unavailable
+from gradcheck.frontends.torch.aten import (
+    LOWERINGS,
+    PARTLY_UNINITIALISED,
+    LoweringError,
+    Unavailable,
+)
 from gradcheck.ops import BackendOpMissing
 
 # Relative error (max |lowering - torch| / max |torch|) a float64 lowering may have: kernels that sum in
@@ -273,6 +278,8 @@ def _verify(graph: capture.Graph, values: dict, mask) -> tuple[dict[str, str], d
                 tout = node.target(*targs, **tkwargs)
         except Exception:  # torch cannot run its own op in float64 here: nothing to hold the lowering to
             tout = None
+        if op in PARTLY_UNINITIALISED and tout is not None:  # torch's memory where it writes nothing: the lowering's
+            tout = PARTLY_UNINITIALISED[op](node, targs, tout)
         tenv[node] = tout
         if node.name in graph.problems or tout is None:
             lenv[node] = None
