@@ -115,8 +115,14 @@ def leaves_with_paths(tree, prefix: str = "") -> list[Leaf]:
 
 
 def replace_leaves(tree, values: dict[str, Any], prefix: str = ""):
-    """A copy of ``tree`` with the leaves named in ``values`` replaced."""
-    return map_leaves(tree, lambda path, v, kind: values.get(path, v), prefix)
+    """A copy of ``tree`` with the leaves named in ``values`` replaced.  A numpy scalar goes in as a 0-d array:
+    arithmetic on a 0-d array gives scalars (a referee's step ``point + h * d``), which backends and a
+    model's own ops (torch's, on a ``from_torch`` module) do not take as the arrays they are."""
+    def replaced(path, v, kind):
+        new = values.get(path, v)
+        return np.asarray(new) if isinstance(new, np.generic) else new
+
+    return map_leaves(tree, replaced, prefix)
 
 
 def structural_grads(tree, grads: dict[str, Any], prefix: str = ""):

@@ -1140,3 +1140,77 @@ def test_requires_grad_set_in_a_hook_is_traced_at_the_example_and_checked(monkey
 
 def _refused(trace, f, refused):
     raise refused
+
+
+# ---------------------------------------------------------------- torch alone, at points the graph cannot run
+class _Atan2(torch.autograd.Function):
+    """torch.atan2 with its gradient in x scaled by ``factor`` (1: right)."""
+
+    @staticmethod
+    def forward(x, y, factor):
+        return torch.atan2(x, y)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.save_for_backward(*inputs[:2])
+        ctx.factor = inputs[2]
+
+    @staticmethod
+    def backward(ctx, g):
+        x, y = ctx.saved_tensors
+        r = x * x + y * y
+        return g * y / r * ctx.factor, -g * x / r, None
+
+
+class _Angle(nn.Module):
+    def __init__(self, factor):
+        super().__init__()
+        self.factor = factor
+
+    def forward(self, x, y):
+        return _Atan2.apply(x, y, self.factor) * 2.0
+
+
+@pytest.mark.parametrize("factor", [1.0, 1.01], ids=["right", "torch's gradient 1 % off"])
+def test_an_op_without_a_lowering_on_0_d_inputs_is_checked_on_torch_alone(monkeypatch, factor):
+    """0-d inputs reach torch's float64 forward (the referee's, for a graph the tape and jax cannot run) as numpy
+    scalars, which torch's ops refuse: that was an internal error while comparing."""
+    monkeypatch.setenv("GRADCHECK_NO_CACHE", "1")
+    monkeypatch.delitem(aten.LOWERINGS, "aten.atan2.default", raising=False)  # unlowered, whatever comes later
+    x, y = torch.tensor(0.7, dtype=torch.float64), torch.tensor(-0.3, dtype=torch.float64)
+    res = run_case(from_torch(_Angle(factor), x, y, mode="eval"), RunOptions(backends=ALL))
+    assert set(res.unavailable) == {"tape", "jax"} and not res.errors, (res.unavailable, res.errors)
+    if factor == 1.0:
+        assert res.verdict == "agree", failing(res)
+        return
+    off = [leaf for leaf in res.leaves if leaf.verdict == "disagree"]
+    assert [leaf.path for leaf in off] == ["input.0"] and off[0].blame == ["torch"], failing(res)
+
+
+class _Unpool(nn.Module):
+    """max_unpool1d of its input at fixed indices, twice the same position (``twice``) or all apart."""
+
+    def __init__(self, twice):
+        super().__init__()
+        self.register_buffer("idx", torch.tensor([[[1, 1, 4, 7]]] if twice else [[[1, 2, 4, 7]]]))
+
+    def forward(self, v):
+        return nn.functional.max_unpool1d(v, self.idx, 3, 3, output_size=(10,)) * 1.0
+
+
+@pytest.mark.parametrize("twice", [False, True], ids=["positions apart", "one position written twice"])
+def test_a_write_twice_to_one_position_at_a_referee_step_is_torchs_function_there(monkeypatch, twice):
+    """At the case's point the two values written at one position are equal, and the lowering writes them; a
+    referee step moves them apart, where the lowering refuses (torch keeps one of two different values, which one
+    undefined): the referee then takes torch's float64 forward, not an internal error.  torch's gradient gives the
+    position's gradient to each value written there, where its forward keeps one: torch's OpInfo expects its own
+    gradient check of max_unpool to fail, and the referee blames torch.  Positions apart: all three agree."""
+    monkeypatch.setenv("GRADCHECK_NO_CACHE", "1")
+    v = torch.tensor([[[0.9, 0.9, 0.8, 0.7]]], dtype=torch.float64)
+    res = run_case(from_torch(_Unpool(twice), v, mode="eval"), RunOptions(backends=ALL))
+    assert not res.errors, res.errors
+    if not twice:
+        assert_agree(res)
+        return
+    assert res.verdict == "disagree", failing(res)
+    assert all(leaf.blame == ["torch"] for leaf in res.leaves if leaf.verdict == "disagree"), failing(res)
