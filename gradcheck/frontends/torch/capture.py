@@ -257,7 +257,7 @@ def export(wrapper: _Forward, example_inputs: tuple, training: bool, decompose: 
             warnings.filterwarnings("ignore", message=".*_flat_weights.*were assigned during export.*")
             try:
                 ep = torch.export.export(wrapper, tuple(example_inputs), strict=False)
-                return ep.run_decompositions(table)
+                return _without_effect_tokens(ep.run_decompositions(table))
             except Exception as exc:
                 refused = exc
             try:
@@ -278,6 +278,25 @@ def export(wrapper: _Forward, example_inputs: tuple, training: bool, decompose: 
     finally:
         for m, flag in zip(wrapper.modules(), was):
             m.training = flag
+
+
+def _without_effect_tokens(ep):
+    """``ep`` with its ops called directly where torch.export threads an effect token through them.
+
+    torch.export keeps some ops in order by a token that goes in as an input
+    and out as an output of kind TOKEN, and each such op is called through
+    ``with_effects``: torch.linalg's error check after ``cholesky``, ``inv``
+    and ``solve`` (``_linalg_check_errors``) is one.  A graph is run node by
+    node in its order, so the token orders nothing here; torch's own pass
+    removes it and calls the ops as written.
+    """
+    if not any(spec.kind.name == "TOKEN" for spec in ep.graph_signature.input_specs):
+        return ep
+    try:
+        from torch.export._remove_effect_tokens_pass import _remove_effect_tokens
+    except ImportError:  # a torch without the pass: read_graph names the token input it cannot bind
+        return ep
+    return _remove_effect_tokens(ep)
 
 
 @contextlib.contextmanager
