@@ -2221,10 +2221,11 @@ def linear_cross_entropy(ctx, input, linear_weight, target, linear_bias, weight,
     return (loss,) + tuple(Unavailable(f"the gradient {k} the chunked cross-entropy precomputes") for k in (1, 2, 3))
 
 
-# Graph bookkeeping that computes nothing.
+# Graph bookkeeping that computes nothing.  torch.linalg's error check (a singular matrix, one not positive
+# definite) raises in torch's own runs of the module; the tape and jax compute on, as the ops they lower do.
 for _name in ("aten._assert_tensor_metadata.default", "aten._assert_scalar.default",
               "aten.sym_constrain_range_for_size.default", "aten._assert_async.msg",
-              "aten._functional_assert_async.msg"):
+              "aten._functional_assert_async.msg", "aten._linalg_check_errors.default"):
     LOWERINGS[_name] = lambda ctx, *args, **kwargs: None
 
 
