@@ -311,6 +311,25 @@ def test_a_class_made_by_a_function_gets_its_own_graph_on_an_empty_input(folder,
     assert len(exports) == 2 and len(entries(folder)) == 2
 
 
+class _Scaled(nn.Module):
+    """A 0-d tensor held as a plain attribute (not a parameter or buffer): a constant of the graph."""
+
+    def __init__(self, scale):
+        super().__init__()
+        self.fc = nn.Linear(3, 3)
+        self.scale = torch.tensor(scale)
+
+    def forward(self, x):
+        return self.fc(x) * self.scale
+
+
+def test_a_0_d_tensor_attribute_is_keyed_by_its_value(folder, exports):
+    """A 0-d tensor has no byte view: keying it raised, and from_torch failed for any module holding one."""
+    x = torch.randn(2, 3)
+    assert key_of(_Scaled(2.0), x) is not None and key_of(_Scaled(2.0), x) != key_of(_Scaled(3.0), x)
+    assert summary(from_torch(_Scaled(2.0), x))["verdict"] == "agree"
+
+
 def _countdown(n):
     return _countdown(n - 1) if n > 0 else 0  # reads itself: the key names it rather than following it
 

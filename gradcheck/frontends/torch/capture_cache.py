@@ -89,6 +89,10 @@ def key(wrapper, example_inputs: tuple, training: bool, decompose: str, referenc
     except Uncacheable as exc:
         log.debug("from_torch captures %s without the capture cache: %s", type(wrapper.module).__name__, exc)
         return None
+    except Exception as exc:  # noqa: BLE001 - a value the key cannot describe (a sparse tensor): no cache, no failure
+        log.debug("from_torch captures %s without the capture cache: its key could not be made (%s: %s)",
+                  type(wrapper.module).__name__, type(exc).__name__, exc)
+        return None
     text = json.dumps(parts, sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:40]
 
@@ -260,7 +264,7 @@ def _describe(value, own: dict, depth: int = 0):
     if isinstance(value, torch.Tensor):
         if id(value) in own:
             return own[id(value)]
-        data = value.detach().cpu().contiguous()
+        data = value.detach().cpu().contiguous().reshape(-1)  # 1-d: a 0-d tensor has no byte view
         digest = hashlib.sha256(data.view(torch.uint8).numpy().tobytes() if data.numel() else b"").hexdigest()
         return ["tensor", _tensor_spec(value), digest]
     if isinstance(value, np.ndarray):
