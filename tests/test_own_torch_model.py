@@ -1242,3 +1242,25 @@ def test_a_module_calling_torch_linalg_is_captured(monkeypatch, tokens_removed):
     res = run_case(from_torch(_Solves(), a, mode="eval"), RunOptions(backends=ALL))
     assert not res.errors and res.verdict == "agree", failing(res)
     assert all("linalg_" in why for why in res.unavailable.values()), res.unavailable
+
+
+class _LayerNormStats(nn.Module):
+    """Returns torch.native_layer_norm's saved statistics, which the lowering does not compute."""
+
+    def forward(self, x, w, b):
+        return torch.native_layer_norm(x, [2, 3], w, b, 0.5)
+
+
+def test_a_module_returning_what_the_lowering_does_not_compute_is_checked_on_torch():
+    """The reference forward summed an output the lowering leaves uncomputed (an error of the case); now the graph
+    is one the tape and jax cannot run, and torch's own forward is the referee's.  torch declares the statistics
+    outputs not differentiable, so its input gradient leaves out what goes through them, and the referee, which
+    differentiates the function as written, says so."""
+    torch.manual_seed(0)
+    x, w, b = torch.randn(2, 2, 3, dtype=torch.float64), torch.randn(2, 3, dtype=torch.float64), \
+        torch.randn(2, 3, dtype=torch.float64)
+    res = run_case(from_torch(_LayerNormStats(), x, w, b, mode="eval"), RunOptions(backends=ALL))
+    assert not res.errors, res.errors
+    assert set(res.unavailable) == {"tape", "jax"}, res.unavailable
+    assert all("saved statistics of aten.native_layer_norm" in why for why in res.unavailable.values())
+    assert [leaf.path for leaf in res.leaves if leaf.verdict == "disagree"] == ["input.0"], failing(res)

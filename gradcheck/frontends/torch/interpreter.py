@@ -132,6 +132,8 @@ def run(graph: capture.Graph, values: dict, floats, mask, layer_of=None, watch=N
     out = next((n for n in graph.nodes if n.op == "output"), None)
     if out is None:
         raise GraphRunError("the graph has no output node")
+    if out.name in graph.problems:  # it returns what the lowering does not compute (``_verify``)
+        raise UnsupportedOp(graph.problems[out.name])
     from torch.fx.node import map_arg
 
     return list(map_arg(out.args[0], env.__getitem__))
@@ -261,6 +263,14 @@ def _verify(graph: capture.Graph, values: dict, mask) -> tuple[dict[str, str], d
             lenv[node] = v
             continue
         if node.op == "output":
+            # A graph that returns what its lowering does not compute (a kernel's saved statistics) cannot be run
+            # by the tape and jax: the module returns it, and only torch computes it.
+            returned = map_arg(node.args, lambda n: lenv.get(n))
+            missing = _unavailable_in(list(returned[0]) if isinstance(returned[0], (list, tuple)) else [returned[0]],
+                                      {})
+            if missing is not None:
+                problems[node.name] = (f"the module returns {missing.what}, which the lowering does not compute; "
+                                       "return the values the model uses")
             break
         if node.target is operator.getitem:
             src, i = node.args
