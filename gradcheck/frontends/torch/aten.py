@@ -1165,6 +1165,20 @@ def softmax(ctx, self, dim, half_to_float=False, dtype=None):
     return _over_a_0d(o.softmax, self, dim)
 
 
+@lower("aten._safe_softmax.default")
+def safe_softmax(ctx, self, dim, dtype=None):
+    """softmax over ``dim``, and 0 over a slice that is -inf throughout (an attention row with every key masked),
+    as torch's kernel computes it, with its gradient there 0.  The slice is made 0 before the softmax as well as
+    after it: through a ``where`` after it alone, the softmax of a -inf slice (NaN) times the cotangent's 0 sends
+    NaN back, where torch's gradient is 0 (why the capture keeps this op whole, ``capture.decomposition_table``)."""
+    x = self if dtype is None else o.astype(self, _f(ctx, dtype))
+    xp = _logic(x)
+    raw = _raw(x)
+    dead = xp.all(xp.isneginf(raw), axis=dim, keepdims=True) if o.shape_of(x) else xp.isneginf(raw)
+    y = _over_a_0d(o.softmax, o.where(dead, 0.0, x), dim)
+    return o.where(dead, 0.0, y)
+
+
 @lower("aten._log_softmax.default", "aten.log_softmax.int")
 def log_softmax(ctx, self, dim, half_to_float=False, dtype=None):
     return _over_a_0d(o.log_softmax, self, dim)

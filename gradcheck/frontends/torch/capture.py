@@ -230,6 +230,9 @@ def decomposition_table(decompose: str):
     # A detach is part of the function differentiated (a straight-through estimator, a stopped statistic);
     # decomposed, it would become an alias, and the tape and jax would differentiate through it.
     table.pop(torch.ops.aten.detach.default, None)
+    # torch's kernel gives a row that is -inf throughout 0, and its gradient there 0; decomposed (a softmax, then a
+    # where), the tape's and jax's gradient through that row's softmax is NaN.  Lowered whole (aten.safe_softmax).
+    table.pop(torch.ops.aten._safe_softmax.default, None)
     return table
 
 
