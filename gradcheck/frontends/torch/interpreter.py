@@ -413,7 +413,8 @@ def _to_numpy(v):
     import torch
 
     if isinstance(v, torch.Tensor):
-        return v.detach().cpu().numpy().copy()
+        # A conjugate or negative view (an FFT's graph makes them) has a lazy bit numpy cannot read: resolved.
+        return v.detach().cpu().resolve_conj().resolve_neg().numpy().copy()
     if isinstance(v, (list, tuple)):
         return type(v)(_to_numpy(x) for x in v)
     return v
