@@ -1307,3 +1307,25 @@ def test_a_graph_with_a_conjugate_view_is_checked_on_torch():
                    RunOptions(backends=ALL))
     assert not res.errors and res.verdict == "agree", failing(res)
     assert set(res.unavailable) == {"tape", "jax"}, res.unavailable
+
+
+class _RowNorms(nn.Module):
+    def forward(self, x):
+        return torch.linalg.vector_norm(x, dim=-1) + torch.linalg.vector_norm(x, 3.0, dim=-1)
+
+
+@pytest.mark.parametrize("guarded", [True, False], ids=["right", "control: the root's own derivative at 0"])
+def test_a_norm_of_a_zero_row_has_torchs_subgradient(monkeypatch, guarded):
+    """torch's gradient of a vector norm at a zero vector is 0 (its subgradient); the root's derivative there is
+    infinite, and without the guard the tape's and jax's gradient of the row was NaN, blamed on them."""
+    monkeypatch.setenv("GRADCHECK_NO_CACHE", "1")
+    if not guarded:
+        monkeypatch.setattr(aten, "_root_at_zero", lambda total, root: root(total))
+    x = torch.randn(3, 4, dtype=torch.float64)
+    x[1] = 0.0
+    res = run_case(from_torch(_RowNorms(), x, mode="eval"), RunOptions(backends=ALL))
+    if guarded:
+        assert_agree(res)
+        return
+    (bad,) = [leaf for leaf in res.leaves if leaf.verdict != "agree"]
+    assert bad.verdict == "nonfinite" and sorted(bad.blame) == ["jax", "tape"], failing(res)

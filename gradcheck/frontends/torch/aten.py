@@ -1075,16 +1075,25 @@ def linalg_vector_norm(ctx, self, ord=2, dim=None, keepdim=False, dtype=None):  
     x = self if dtype is None else o.astype(self, _f(ctx, dtype))
     axis = _dims(x, dim)
     if ord == 2:
-        return o.sqrt(o.sum(o.mul(x, x), axis=axis, keepdims=keepdim))
+        return _root_at_zero(o.sum(o.mul(x, x), axis=axis, keepdims=keepdim), o.sqrt)
     if ord in (math.inf, -math.inf):
         return (o.max if ord > 0 else o.min)(o.abs(x), axis=axis, keepdims=keepdim)
     if ord == 1:
         return o.sum(o.abs(x), axis=axis, keepdims=keepdim)
     if ord != 0:
-        return o.pow(o.sum(o.pow(o.abs(x), float(ord)), axis=axis, keepdims=keepdim), 1.0 / ord)
+        return _root_at_zero(o.sum(o.pow(o.abs(x), float(ord)), axis=axis, keepdims=keepdim),
+                             lambda s: o.pow(s, 1.0 / ord))
     # ord 0 counts the non-zero elements: piecewise constant, so no gradient flows (torch's is 0 too).
     xp = _logic(x)
     return xp.sum(_raw(x) != 0, axis=axis, keepdims=keepdim).astype(ctx.floats)
+
+
+def _root_at_zero(total, root):
+    """``root(total)``, and 0 with a gradient of 0 where ``total`` is 0: torch's subgradient of a norm at a zero
+    vector (a padding row's embedding), where the root's own derivative is infinite and sends NaN back."""
+    xp = _logic(total)
+    zero = xp.equal(_raw(total), 0.0)
+    return o.where(zero, 0.0, root(o.where(zero, 1.0, total)))
 
 
 @lower("aten.sign.default")
