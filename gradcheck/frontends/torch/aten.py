@@ -263,6 +263,258 @@ for _name in ("floor", "ceil", "round", "trunc"):
 lower("aten.round.decimals")(_step("round"))
 
 
+# ---------------------------------------------------------------- elementwise math composed from ops
+# Each is a composition whose float64 value is within a few ulps of torch's over the op's whole domain (the forms
+# that lose digits somewhere, 1 - x^2 near 1, exp(x) - exp(-x) near 0, atan(y / x) at x = 0, are avoided) and
+# whose derivative, taken by each backend's AD, is the op's own, at the domain's edges (torch's infinities) too.
+# erfc is not among them: 1 - erf(x) loses every relative digit for large x and no op gives erfc's tail.
+LN2, LN10 = math.log(2.0), math.log(10.0)
+BIG = 2.0 ** 28  # from here on sqrt(x^2 +- 1) is x in float64: asinh(x) and acosh(x) are log(2x)
+
+
+def _float(ctx, x):
+    """Integer and bool tensors as the run's floats: torch's math ops promote them (``torch.asin(ints)``)."""
+    return o.astype(x, ctx.floats) if np.dtype(o.dtype_of(x)).kind in "biu" else x
+
+
+def _select(cond, x, if_true, if_false, safe=1.0):
+    """``where(cond, if_true(x), if_false(x))``, each branch computed only on its own elements (``safe`` elsewhere).
+
+    A branch's value where it is not taken may be inf or NaN (x^2 overflows
+    past 1e154); the gradient would carry it back as 0 * inf = NaN.
+    """
+    return o.where(cond, if_true(o.where(cond, x, safe)), if_false(o.where(cond, safe, x)))
+
+
+def _odd(x, f):
+    """``f(|x|)`` with x's sign, for an odd ``f`` whose form wants x >= 0; the gradient at 0 is ``f'(0)`` (|x| has 0)."""
+    negative = o.less(x, 0.0)
+    y = f(o.where(negative, o.neg(x), x))
+    return o.where(negative, o.neg(y), y)
+
+
+def _sign_bit(x):
+    """Where x's sign bit is set: x < 0, -0.0 and a negative NaN (0 / 0 gives one), which torch's copysign and
+    atan2 read.  The comparisons go through ops (recorded and pinned); only a zero's or NaN's bit is read raw."""
+    lt, gt = o.less(x, 0.0), o.greater(x, 0.0)
+    xp = _logic(lt, gt, x)
+    return xp.logical_or(_raw(lt), xp.logical_and(xp.logical_not(_raw(gt)), xp.signbit(_raw(x))))
+
+
+@lower("aten.asin.default")
+def asin(ctx, self):
+    """``2 atan(x / (1 + sqrt(1 - x) sqrt(1 + x)))``.
+
+    The atan's argument stays in [-1, 1], so at x = +-1 the value is +-pi/2
+    and the gradient torch's inf (``atan(x / sqrt(1 - x^2))`` gives 0 * inf
+    there, and so does ``sqrt((1 - x)(1 + x))``, whose product rule meets
+    sqrt's inf times 0); ``1 - x`` keeps the digits ``1 - x^2`` loses near 1.
+    Beyond +-1 a square root is NaN, as torch's asin.
+    """
+    x = _float(ctx, self)
+    root = o.mul(o.sqrt(o.sub(1.0, x)), o.sqrt(o.add(1.0, x)))
+    return o.mul(o.atan(o.div(x, o.add(1.0, root))), 2.0)
+
+
+def _acos_positive(a):
+    """acos(a) for a >= 0: ``2 atan(sqrt(1 - a) / sqrt(1 + a))``, accurate where acos is small (a near 1); the
+    roots taken apart keep the gradient at a = 1 torch's inf (a quotient's rule would meet sqrt's inf times 0)."""
+    return o.mul(o.atan(o.div(o.sqrt(o.sub(1.0, a)), o.sqrt(o.add(1.0, a)))), 2.0)
+
+
+@lower("aten.acos.default")
+def acos(ctx, self):
+    """``pi - acos(-x)`` for x < 0, ``2 atan(sqrt((1 - x) / (1 + x)))`` otherwise.
+
+    ``pi/2 - asin(x)`` would cancel near x = 1, where acos is small; the
+    reflection keeps 1 + x away from 0, so the gradient at x = -1 is torch's
+    -inf, not 0 * inf.  Beyond +-1 the square root is NaN, as torch's acos.
+    """
+    x = _float(ctx, self)
+    negative = o.less(x, 0.0)
+    y = _acos_positive(o.where(negative, o.neg(x), x))
+    return o.where(negative, o.sub(math.pi, y), y)
+
+
+def _asinh_positive(a):
+    """asinh(a) for a >= 0: ``log1p(a + a^2 / (1 + sqrt(1 + a^2)))`` (no cancellation near 0), log(2a) from BIG."""
+    def moderate(v):
+        vv = o.mul(v, v)
+        return o.log1p(o.add(v, o.div(vv, o.add(1.0, o.sqrt(o.add(1.0, vv))))))
+
+    return _select(o.greater(a, BIG), a, lambda v: o.add(o.log(v), LN2), moderate)
+
+
+@lower("aten.asinh.default")
+def asinh(ctx, self):
+    """asinh, odd: computed on |x| in a form without cancellation, and log(2|x|) where x^2 would overflow."""
+    return _odd(_float(ctx, self), _asinh_positive)
+
+
+@lower("aten.acosh.default")
+def acosh(ctx, self):
+    """``log1p(t + sqrt(t) sqrt(t + 2))``, t = x - 1 (exact near 1, where acosh is small), log(2x) from BIG.
+
+    ``sqrt(t)`` is NaN for every x < 1 (torch's acosh is NaN there; sqrt(t (t + 2))
+    would not be for x < -1) and its gradient at x = 1 is torch's inf.
+    """
+    def moderate(v):
+        t = o.sub(v, 1.0)
+        return o.log1p(o.add(t, o.mul(o.sqrt(t), o.sqrt(o.add(t, 2.0)))))
+
+    x = _float(ctx, self)
+    return _select(o.greater(x, BIG), x, lambda v: o.add(o.log(v), LN2), moderate, safe=2.0)
+
+
+@lower("aten.atanh.default")
+def atanh(ctx, self):
+    """``(log1p(x) - log1p(-x)) / 2``: the two terms have opposite signs, so nothing cancels; +-inf at +-1 and NaN
+    beyond, as torch's atanh."""
+    x = _float(ctx, self)
+    return o.mul(o.sub(o.log1p(x), o.log1p(o.neg(x))), 0.5)
+
+
+def _sinh_half(x):
+    """sinh(x/2) as ``(expm1(x/2) - expm1(-x/2)) / 2``: no cancellation near 0 (exp(x) - exp(-x) has one).
+
+    Each use of x/2 is its own node, so the backward halves each cotangent
+    before they meet at x: met at one x/2 node, they add up to 2 cosh(x),
+    which overflows for |x| in (709.8, 710.5] where torch's gradient does not.
+    """
+    return o.mul(o.sub(o.expm1(o.mul(x, 0.5)), o.expm1(o.mul(x, -0.5))), 0.5)
+
+
+@lower("aten.sinh.default")
+def sinh(ctx, self):
+    """``2 sinh(x/2) cosh(x/2)``: accurate near 0, and finite up to |x| = 710.47 where torch's is (exp(x)
+    overflows from 709.78); its derivative is cosh(x) without cancellation."""
+    x = _float(ctx, self)
+    return o.mul(_sinh_half(x), o.add(o.exp(o.mul(x, 0.5)), o.exp(o.mul(x, -0.5))))
+
+
+@lower("aten.cosh.default")
+def cosh(ctx, self):
+    """``1 + 2 sinh(x/2)^2``: finite as far as torch's, and its derivative ``2 sinh(x/2) cosh(x/2)`` is sinh(x)
+    without the cancellation of ``(exp(x) - exp(-x)) / 2`` near 0.  The two factors are separate copies, for
+    the reason ``_sinh_half`` gives (a square's cotangent, 4 sinh(x/2), would overflow on its way to x)."""
+    x = _float(ctx, self)
+    return o.add(o.mul(o.mul(_sinh_half(x), _sinh_half(x)), 2.0), 1.0)
+
+
+@lower("aten.tan.default")
+def tan(ctx, self):
+    """``sin(x) / cos(x)``: each is accurate relative to itself, near cos's zeros too, so their ratio is."""
+    x = _float(ctx, self)
+    return o.div(o.sin(x), o.cos(x))
+
+
+def _log_base(ctx, self, base: float):
+    """``log(x) / log(base)``, within an ulp, and exactly k at x = base^k as torch's log2 and log10 are (a floor
+    or a cast of log2(8) must give 3).  The snap adds ``k - r`` as a constant: the gradient stays 1 / (x log base).
+    Subnormal x are left alone: 10^k rounded to one is far from 10^k, and so is its log10."""
+    x = _float(ctx, self)
+    r = o.div(o.log(x), math.log(base))
+    xp = _logic(r, x)
+    k = xp.round(_raw(r))
+    with np.errstate(over="ignore"):  # base^k past the largest float is inf, and no x
+        exact = xp.logical_and(xp.isfinite(k), xp.equal(xp.power(xp.asarray(base, dtype=k.dtype), k), _raw(x)))
+    exact = xp.logical_and(exact, _raw(x) >= np.finfo(k.dtype).tiny)
+    return o.where(exact, o.add(o.sub(r, o.stop_gradient(r)), k), r)
+
+
+@lower("aten.log2.default")
+def log2(ctx, self):
+    return _log_base(ctx, self, 2.0)
+
+
+@lower("aten.log10.default")
+def log10(ctx, self):
+    return _log_base(ctx, self, 10.0)
+
+
+def _exp2(ctx, x):
+    """``2 ** x`` through pow, exact at integers (``exp(x log 2)`` is off by |x| ulps); gradient ``2^x log 2``."""
+    x = _float(ctx, x)
+    return o.pow(o.asarray(np.asarray(2.0, ctx.floats), like=x), x)
+
+
+@lower("aten.exp2.default")
+def exp2(ctx, self):
+    return _exp2(ctx, self)
+
+
+@lower("aten.ldexp.Tensor")
+def ldexp(ctx, self, other):
+    """``self * 2 ** other``, as torch computes it (so it overflows where torch's does); an integer ``other`` is a
+    constant."""
+    return o.mul(_float(ctx, self), _exp2(ctx, other))
+
+
+@lower("aten.atan2.default")
+def atan2(ctx, self, other):
+    """atan2(y, x): ``atan`` of the smaller over the larger of |y| and |x|, then the quadrant.
+
+    With |y| > |x| it is ``+-pi/2 - atan(x / y)``, so the ratio never
+    overflows and the gradient at x = 0 is torch's (``atan(y / x)`` gives
+    0 * inf there).  Signed zeros and infinities follow torch (atan2(-0., -1.)
+    = -pi, atan2(inf, inf) = pi/4); at y = x = 0 the gradient is 0, as torch's.
+    """
+    y, x = _float(ctx, self), _float(ctx, other)
+    y_neg, x_neg = _sign_bit(y), _sign_bit(x)
+    ay, ax = o.abs(y), o.abs(x)
+    both_inf = _logic(ay, ax).logical_and(_raw(o.equal(ay, math.inf)), _raw(o.equal(ax, math.inf)))
+    y, x = o.where(both_inf, o.where(y_neg, -1.0, 1.0), y), o.where(both_inf, o.where(x_neg, -1.0, 1.0), x)
+    both_zero = _logic(ay, ax).logical_and(_raw(o.equal(ay, 0.0)), _raw(o.equal(ax, 0.0)))
+    swap = o.greater(ay, ax)
+    t = o.atan(o.div(o.where(swap, x, y), o.where(both_zero, 1.0, o.where(swap, y, x))))  # no 0 / 0
+    quadrant = o.where(x_neg, o.add(t, o.where(y_neg, -math.pi, math.pi)), t)
+    angle = o.where(swap, o.sub(o.where(y_neg, -math.pi / 2, math.pi / 2), t), quadrant)
+    zero = o.where(x_neg, o.where(y_neg, -math.pi, math.pi), o.where(y_neg, -0.0, 0.0))  # a constant: gradient 0
+    return o.where(both_zero, zero, angle)
+
+
+@lower("aten.copysign.Tensor", "aten.copysign.Scalar")
+def copysign(ctx, self, other):
+    """|self| with other's sign bit (-0.0 and a negative NaN count as negative, as torch's).
+
+    The gradient is torch's: sign(self) times other's sign, 0 at self = 0
+    (|x|'s derivative there), and none to ``other``.
+    """
+    x = o.abs(_float(ctx, self))
+    if not hasattr(other, "shape"):
+        other = np.asarray(other, ctx.floats)
+    return o.where(_sign_bit(other), o.neg(x), x)
+
+
+def _fmax_fmin(name: str, wins):
+    """fmax/fmin: ``self`` where it ``wins``, ties it, or ``other`` is NaN; ``other`` elsewhere (a NaN loses to a
+    number).  At a tie the whole gradient goes to ``self``, as torch's (maximum splits it)."""
+
+    def lowering(ctx, self, other):
+        nan = _logic(other).isnan(_raw(other))
+        xp = _logic(self, other)
+        first = xp.logical_or(xp.logical_or(_raw(wins(self, other)), _raw(o.equal(self, other))), nan)
+        return o.where(first, self, other)
+
+    lowering.__name__ = name
+    return lowering
+
+
+lower("aten.fmax.default")(_fmax_fmin("fmax", o.greater))
+lower("aten.fmin.default")(_fmax_fmin("fmin", o.less))
+
+
+@lower("aten.nextafter.default")
+def nextafter(ctx, self, other):
+    """The next float after ``self`` towards ``other``, in the run's dtype: a step, with no gradient (torch has none)."""
+    return _logic(self, other).nextafter(_raw(self), _raw(other))
+
+
+@lower("aten.isinf.default")
+def isinf(ctx, self):
+    return _logic(self).isinf(_raw(self))
+
+
 @lower("aten.reciprocal.default")
 def reciprocal(ctx, self):
     return o.div(1.0, self)

@@ -1,0 +1,113 @@
+"""Elementwise math ops composed from ``gradcheck.ops`` (asin, atan2, fmax, ...): lowered, run and checked.
+
+Each op runs in a tiny module through ``from_torch`` on the tape, torch and
+jax, in float64, at inputs inside its domain and away from its kinks; the
+node-by-node check holds each lowering's value to torch's and the referee
+the gradients.  The controls swap in a plausibly wrong lowering (the natural
+log for log2, atan2 without its quadrant, sinh with a sign flipped): the
+node-by-node check catches it and does not blame torch.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("jax")
+
+from torch import nn  # noqa: E402
+
+from gradcheck import ops  # noqa: E402
+from gradcheck.check.runner import RunOptions, run_case  # noqa: E402
+from gradcheck.frontends.torch import aten, from_torch  # noqa: E402
+
+ALL = ("tape", "torch", "jax")
+
+
+class _Op(nn.Module):
+    """``op(*inputs) * 1.0``; ``consts`` are buffers handed to the op after the inputs (not differentiated)."""
+
+    def __init__(self, op, consts=()):
+        super().__init__()
+        self.op = op
+        for i, c in enumerate(consts):
+            self.register_buffer(f"c{i}", torch.tensor(c, dtype=torch.float64))
+        self.n_consts = len(consts)
+
+    def forward(self, *xs):
+        consts = [getattr(self, f"c{i}") for i in range(self.n_consts)]
+        return self.op(*xs, *consts) * 1.0
+
+
+def _t(values):
+    return torch.tensor(values, dtype=torch.float64)
+
+
+# Inside each domain, away from its kinks and edges: small and large magnitudes, negative values, near the ends.
+UNIT = [-0.97, -0.5, -1e-3, 2e-4, 0.3, 0.9]  # asin, acos, atanh: inside (-1, 1)
+WIDE = [-30.0, -2.5, -1e-4, 3e-3, 0.7, 12.0]
+POSITIVE = [1e-3, 0.2, 1.0 + 1e-6, 8.0, 50.0, 1e5]  # 8 = 2^3: log2's exact value
+Y_QUADRANTS = [0.8, 1.5, -0.4, -2.0, 1.0, -3.0]  # atan2: all four quadrants, and x = 0 both ways
+X_QUADRANTS = [1.2, -0.3, -1.7, 0.6, 0.0, 0.0]
+CASES = {
+    "asin": (torch.asin, [UNIT]),
+    "acos": (torch.acos, [UNIT]),
+    "atanh": (torch.atanh, [UNIT]),
+    "acosh": (torch.acosh, [[1.05, 1.2, 1.5, 4.0, 300.0, 1e6]]),  # the referee's probes step ~1% off 1
+    "asinh": (torch.asinh, [WIDE]),
+    "sinh": (torch.sinh, [WIDE]),
+    "cosh": (torch.cosh, [WIDE]),
+    "tan": (torch.tan, [[-1.5, -0.7, -1e-3, 0.4, 1.45, 3.0]]),
+    "log2": (torch.log2, [POSITIVE]),
+    "log10": (torch.log10, [POSITIVE]),
+    "exp2": (torch.exp2, [[-40.0, -3.5, -1e-3, 0.5, 7.0, 60.0]]),
+    "atan2": (torch.atan2, [Y_QUADRANTS, X_QUADRANTS]),
+    "copysign": (torch.copysign, [[-2.0, -0.3, 1e-3, 0.5, 4.0, -7.0], [1.0, -2.0, -0.5, 3.0, -1e-3, 0.25]]),
+    "fmax": (torch.fmax, [[-2.0, -0.3, 1e-3, 0.5, 4.0, -7.0], [1.0, -2.0, -0.5, 3.0, -1e-3, 0.25]]),
+    "fmin": (torch.fmin, [[-2.0, -0.3, 1e-3, 0.5, 4.0, -7.0], [1.0, -2.0, -0.5, 3.0, -1e-3, 0.25]]),
+    "ldexp": (torch.ldexp, [[-2.0, -0.3, 1e-3, 0.5, 4.0, -7.0], [3.0, -2.0, 0.0, 5.0, -10.0, 1.0]]),
+    # No gradient of their own: the op acts on constants, its result scales the input.
+    "nextafter": (lambda x, a, b: x * torch.nextafter(a, b), [WIDE], [[1.0, -1.0, 0.0, 2.5, -3.0, 1e-3], WIDE]),
+    "isinf": (lambda x, a: x * torch.isinf(torch.exp(a)), [WIDE], [[800.0, 1.0, 750.0, 0.0, -3.0, 710.0]]),  # inf
+}
+
+
+def _case(name):
+    op, inputs, *consts = CASES[name]
+    return from_torch(_Op(op, *consts), *(_t(v) for v in inputs), seed=0)
+
+
+def failing(res) -> str:
+    lines = [f"{leaf.path} [{leaf.role}] {leaf.verdict} blame={leaf.blame}: {leaf.message}"
+             for leaf in res.leaves if leaf.verdict not in ("agree", "vacuous")]
+    return "\n".join(lines + [f"{k}: {v}" for k, v in res.errors.items()] + res.notes)
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered in exp")  # isinf's infinities, made by exp
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_an_elementwise_op_is_lowered_and_agrees_on_every_backend(monkeypatch, name):
+    monkeypatch.setenv("GRADCHECK_NO_CACHE", "1")
+    res = run_case(_case(name), RunOptions(backends=ALL))
+    assert not res.errors, failing(res)
+    assert not res.unavailable, res.unavailable
+    assert sorted(res.timings) == sorted(ALL), res.unavailable
+    assert res.verdict == "agree", failing(res)
+
+
+# Plausible bugs: each computes something smooth and finite, so only the node-by-node comparison finds it.
+WRONG = {
+    "aten.log2.default": lambda ctx, self: ops.log(self),  # the natural log
+    "aten.atan2.default": lambda ctx, self, other: ops.atan(ops.div(self, other)),  # no quadrant correction
+    "aten.sinh.default": lambda ctx, self: ops.mul(ops.add(ops.exp(self), ops.exp(ops.neg(self))), 0.5),  # a sign
+}
+
+
+@pytest.mark.filterwarnings("ignore:divide by zero encountered")  # the wrong atan2's y / x at x = 0
+@pytest.mark.parametrize("op", sorted(WRONG), ids=lambda op: op.split(".")[1])
+def test_a_wrong_lowering_is_caught_by_the_node_check_and_torch_is_not_blamed(monkeypatch, op):
+    monkeypatch.setitem(aten.LOWERINGS, op, WRONG[op])
+    monkeypatch.setenv("GRADCHECK_NO_CACHE", "1")
+    res = run_case(_case(op.split(".")[1]), RunOptions(backends=ALL))
+    assert set(res.unavailable) == {"tape", "jax"}, (res.unavailable, res.errors)
+    assert all(f"the lowering of {op} disagrees with torch's {op}" in why for why in res.unavailable.values())
+    assert not any("torch" in leaf.blame for leaf in res.leaves), failing(res)
