@@ -111,3 +111,32 @@ def test_a_wrong_lowering_is_caught_by_the_node_check_and_torch_is_not_blamed(mo
     assert set(res.unavailable) == {"tape", "jax"}, (res.unavailable, res.errors)
     assert all(f"the lowering of {op} disagrees with torch's {op}" in why for why in res.unavailable.values())
     assert not any("torch" in leaf.blame for leaf in res.leaves), failing(res)
+
+
+class _LdexpInt(nn.Module):
+    """torch.ldexp with an integer exponent held as a buffer, negative ones included."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("e", torch.tensor([3, -2, 0, -1]))
+
+    def forward(self, x):
+        return torch.ldexp(x, self.e) * 1.0
+
+
+def test_torchs_ldexp_gradient_with_integer_exponents_is_held_to_the_referee(monkeypatch):
+    """torch 2.13's backward of ldexp with an integer exponent computes 2**e in integers, 0 for e < 0, where the
+    forward scales by 0.25: the referee, the tape and jax agree against torch's gradient.  Decided by what torch
+    computes here, so the test holds on a torch that mends it (then every backend agrees)."""
+    monkeypatch.setenv("GRADCHECK_NO_CACHE", "1")
+    x = _t([0.5, -1.0, 2.0, 3.0])
+    probe = x.clone().requires_grad_()
+    torch.ldexp(probe, torch.tensor([3, -2, 0, -1])).sum().backward()
+    torch_wrong = not torch.allclose(probe.grad, _t([8.0, 0.25, 1.0, 0.5]))
+    res = run_case(from_torch(_LdexpInt(), x, mode="eval"), RunOptions(backends=ALL))
+    assert not res.errors and not res.unavailable, (res.errors, res.unavailable)
+    if not torch_wrong:
+        assert res.verdict == "agree"
+        return
+    (bad,) = [leaf for leaf in res.leaves if leaf.verdict != "agree"]
+    assert bad.path == "input" and bad.verdict == "disagree" and bad.blame == ["torch"], bad.message
