@@ -1329,3 +1329,32 @@ def test_a_norm_of_a_zero_row_has_torchs_subgradient(monkeypatch, guarded):
         return
     (bad,) = [leaf for leaf in res.leaves if leaf.verdict != "agree"]
     assert bad.verdict == "nonfinite" and sorted(bad.blame) == ["jax", "tape"], failing(res)
+
+
+class _Floored(nn.Module):
+    def __init__(self, with_sin=True):
+        super().__init__()
+        self.with_sin = with_sin
+
+    def forward(self, x):
+        return torch.floor(x) * 2.0 + torch.sin(x) if self.with_sin else torch.floor(x) * 2.0
+
+
+@pytest.mark.parametrize("escapes", [False, True], ids=["right", "control: sin's lowering leaves the tape"])
+def test_a_loss_no_leaf_reaches_has_a_zero_gradient_on_the_tape(monkeypatch, escapes):
+    """A piecewise-constant model (floor alone) has a zero gradient: the tape refused a loss no leaf reaches, an
+    error where torch and jax give zeros; now all three run and the case is vacuous (it checks nothing).  Beside
+    sin all three agree; and a lowering that computes off the tape by mistake leaves the tape's gradient zero,
+    caught against torch's and blamed on the tape."""
+    monkeypatch.setenv("GRADCHECK_NO_CACHE", "1")
+    x = torch.tensor([0.3, 1.7, -2.2, 4.1], dtype=torch.float64)
+    if not escapes:
+        floor_only = run_case(from_torch(_Floored(False), x, mode="eval"), RunOptions(backends=ALL))
+        assert not floor_only.errors and floor_only.verdict == "vacuous", (floor_only.errors, floor_only.verdict)
+        assert_agree(run_case(from_torch(_Floored(), x, mode="eval"), RunOptions(backends=ALL)))
+        return
+    monkeypatch.setitem(aten.LOWERINGS, "aten.sin.default",
+                        lambda ctx, x: np.sin(aten._raw(x)) if aten._logic(x) is np else ops.sin(x))
+    res = run_case(from_torch(_Floored(), x, mode="eval"), RunOptions(backends=ALL))
+    bad = [leaf for leaf in res.leaves if leaf.verdict == "disagree"]
+    assert [leaf.path for leaf in bad] == ["input"] and bad[0].blame == ["tape"], failing(res)
