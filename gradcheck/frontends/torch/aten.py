@@ -972,6 +972,22 @@ def select(ctx, self, dim, index):
     return o.getitem(self, _index(nd, dim, int(index)))
 
 
+@lower("aten.diagonal.default", "aten.diagonal_copy.default")
+def diagonal(ctx, self, offset=0, dim1=0, dim2=1):
+    """The diagonal of dims ``dim1`` and ``dim2`` (above it for ``offset`` > 0, below for < 0), as the last dim and
+    the others in order, as torch's view: those two dims moved last, then indexed at (i, i + offset)."""
+    shape = o.shape_of(self)
+    nd = len(shape)
+    d1, d2 = dim1 % nd, dim2 % nd
+    rest = [d for d in range(nd) if d not in (d1, d2)]
+    x = o.transpose(self, tuple(rest + [d1, d2]))
+    n1, n2 = shape[d1], shape[d2]
+    length = max(0, min(n1, n2 - offset) if offset >= 0 else min(n1 + offset, n2))
+    i = np.arange(length)
+    rows, cols = (i, i + offset) if offset >= 0 else (i - offset, i)
+    return o.getitem(x, (Ellipsis, rows, cols))
+
+
 @lower("aten.narrow.default")
 def narrow(ctx, self, dim, start, length):
     return slice_(ctx, self, dim, start, start + length)
@@ -1489,6 +1505,22 @@ def matmul(ctx, self, other):
 @lower("aten.addmm.default", "aten.baddbmm.default")
 def addmm(ctx, self, mat1, mat2, beta=1, alpha=1):
     prod = o.matmul(mat1, mat2)
+    prod = prod if alpha == 1 else o.mul(prod, alpha)
+    if beta == 0:
+        return prod
+    return o.add(self if beta == 1 else o.mul(self, beta), prod)
+
+
+@lower("aten.addmv.default")
+def addmv(ctx, self, mat, vec, beta=1, alpha=1):
+    """``beta * self + alpha * (mat @ vec)``; with beta 0, ``self`` is not read (torch's rule: NaN there is dropped)."""
+    return addmm(ctx, self, mat, vec, beta, alpha)
+
+
+@lower("aten.addbmm.default")
+def addbmm(ctx, self, batch1, batch2, beta=1, alpha=1):
+    """``beta * self + alpha * sum_b batch1[b] @ batch2[b]``: the batched products summed over the batch."""
+    prod = o.sum(o.matmul(batch1, batch2), axis=0)
     prod = prod if alpha == 1 else o.mul(prod, alpha)
     if beta == 0:
         return prod
