@@ -506,8 +506,13 @@ lower("aten.fmin.default")(_fmax_fmin("fmin", o.less))
 
 @lower("aten.nextafter.default")
 def nextafter(ctx, self, other):
-    """The next float after ``self`` towards ``other``, in the run's dtype: a step, with no gradient (torch has none)."""
-    return _logic(self, other).nextafter(_raw(self), _raw(other))
+    """The next float after ``self`` towards ``other``: ``self`` plus the step to it, the step held fixed, so the
+    gradient is 1 in ``self`` and 0 in ``other``, torch's (the function is ``self`` moved by one ulp).  The step is
+    computed on values no gradient reaches (jax has no rule for nextafter); ``x + (next - x)`` is ``next`` exactly,
+    adjacent floats' difference being exact."""
+    still, towards = o.stop_gradient(self), o.stop_gradient(other)
+    after = _logic(still, towards).nextafter(_raw(still), _raw(towards))
+    return o.add(self, o.stop_gradient(o.sub(after, still)))
 
 
 @lower("aten.isinf.default")
