@@ -1358,3 +1358,18 @@ def test_a_loss_no_leaf_reaches_has_a_zero_gradient_on_the_tape(monkeypatch, esc
     res = run_case(from_torch(_Floored(), x, mode="eval"), RunOptions(backends=ALL))
     bad = [leaf for leaf in res.leaves if leaf.verdict == "disagree"]
     assert [leaf.path for leaf in bad] == ["input"] and bad[0].blame == ["tape"], failing(res)
+
+
+class _SignAndSine(nn.Module):
+    def forward(self, x, y):
+        return torch.sgn(x) * 2.0 + torch.sin(y)
+
+
+def test_torchs_zero_tensor_gradient_is_read():
+    """torch's gradient through sgn alone is a ZeroTensor, which holds no memory and which numpy refused: an error of
+    torch's run.  Now x's gradient is zero on every backend (a leaf that checks nothing) and y's agrees."""
+    x, y = torch.tensor([0.5, -1.5, 2.0], dtype=torch.float64), torch.tensor([0.3, 1.1, -0.7], dtype=torch.float64)
+    res = run_case(from_torch(_SignAndSine(), x, y, mode="eval"), RunOptions(backends=ALL))
+    assert_agree(res)
+    verdicts = {leaf.path: leaf.verdict for leaf in res.leaves}
+    assert verdicts["input.0"] == "vacuous" and verdicts["input.1"] == "agree", verdicts
