@@ -43,6 +43,7 @@ import argparse
 import collections
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -247,7 +248,14 @@ def slim(row: dict) -> dict:
                                          for d in row.get("disagreeing") or [])
     detail = detail or "; ".join(f"{b}: {w}" for b, w in (row.get("unavailable") or {}).items())
     return {"op": row["op"], "index": row.get("index"), "sample": row.get("sample", ""), "outcome": row["outcome"],
-            "torch_expects_failure": row.get("torch_expects_failure", False), "detail": detail.split("\n")[0][:240]}
+            "torch_expects_failure": row.get("torch_expects_failure", False),
+            "detail": _relative(detail.split("\n")[0])[:240]}
+
+
+def _relative(text: str) -> str:
+    """Source paths as the project and the packages name them, not where this machine keeps them."""
+    text = re.sub(r"/[^\s:'\"]*/(?:site|dist)-packages/", "", text)
+    return re.sub(r"/[^\s:'\"]*/(?=(?:gradcheck|benchmarks|tests)/)", "", text)
 
 
 def table(rows) -> str:
