@@ -1342,10 +1342,11 @@ class _Floored(nn.Module):
 
 @pytest.mark.parametrize("escapes", [False, True], ids=["right", "control: sin's lowering leaves the tape"])
 def test_a_loss_no_leaf_reaches_has_a_zero_gradient_on_the_tape(monkeypatch, escapes):
-    """A piecewise-constant model (floor alone) has a zero gradient: the tape refused a loss no leaf reaches, an
-    error where torch and jax give zeros; now all three run and the case is vacuous (it checks nothing).  Beside
-    sin all three agree; and a lowering that computes off the tape by mistake leaves the tape's gradient zero,
-    caught against torch's and blamed on the tape."""
+    """A piecewise-constant model (floor alone) has a zero gradient: the tape refused its loss, which no leaf
+    reaches, an error where torch and jax give zeros; now the graph's outputs are constants on the tape, all three
+    run and the case is vacuous (it checks nothing).  Beside sin all three agree; and a lowering that computes off
+    the tape by mistake leaves the tape's gradient zero, caught against torch's and blamed on the tape.  A user's
+    own loss off the tape is still refused (tests/test_errors.py)."""
     monkeypatch.setenv("GRADCHECK_NO_CACHE", "1")
     x = torch.tensor([0.3, 1.7, -2.2, 4.1], dtype=torch.float64)
     if not escapes:

@@ -30,12 +30,4 @@ def _lift(value, trainable):
 
 
 def _differentiate(loss, wrt, create_graph):
-    if not wrt:
-        return []
-    if not isinstance(loss, tape.Tensor) and np.asarray(loss).dtype.kind == "f":
-        # A float loss that no leaf reaches (a piecewise-constant model: floor, sign, a fill) has a zero gradient,
-        # as torch's and jax's drivers give it; tape.grad refuses it, for a loss that escaped the tape by mistake.
-        # Here such an escape shows as zeros against the other backends' gradients: a disagreement, not a pass.
-        zeros = [np.zeros_like(np.asarray(tape.raw(w))) for w in wrt]
-        return [tape.Tensor(z) for z in zeros] if create_graph else zeros
-    return tape.grad(loss, wrt, create_graph=create_graph)
+    return tape.grad(loss, wrt, create_graph=create_graph) if wrt else []

@@ -302,7 +302,16 @@ class Program:
                 # one position where the case's point wrote equal ones (max_unpool of overlapping windows).  The
                 # function is torch's there as everywhere, and torch's float64 forward computes it.
                 return self._select(training, self._call_torch_numpy(root, values, inputs, training))
-        return self._select(training, self._call_graph(root, graph, values, inputs))
+        outs = self._call_graph(root, graph, values, inputs)
+        if backend == "tape":
+            # An output no leaf reaches (a piecewise-constant graph: floor, sign, a fill) comes out of the lowerings
+            # as numpy: a constant on the tape, whose gradient is zero there as on torch and jax.  The tape itself
+            # refuses a loss off the tape, which a user's own loss function gets by mistake (np.sum for ops.sum).
+            from gradcheck.backends.tape import tape
+
+            outs = [tape.Tensor(np.asarray(v)) if isinstance(v, (np.ndarray, np.generic)) and np.asarray(v).dtype.kind
+                    == "f" else v for v in outs]
+        return self._select(training, outs)
 
     def _select(self, training: bool, leaves: list):
         names, floats = self._outputs[training]
