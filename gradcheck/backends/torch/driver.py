@@ -159,19 +159,9 @@ def hold(setup: contextlib.ExitStack) -> None:
 
 
 def _to_numpy(x):
-    if hasattr(x, "detach"):
-        if x.layout != _strided():  # nn.Embedding(sparse=True)'s gradient: the same numbers, stored sparsely
-            x = x.to_dense()
-        # A ZeroTensor (the gradient torch gives through sgn, and other ops whose gradient is zero by declaration)
-        # holds no memory; numpy needs it made.  A conjugate or negative view has a lazy bit numpy cannot read.
-        return x.detach().cpu().resolve_conj().resolve_neg().numpy(force=x._is_zerotensor())
-    return np.asarray(x)
+    from gradcheck.backends.torch import ops
 
-
-def _strided():
-    import torch
-
-    return torch.strided
+    return ops.to_numpy(x)
 
 
 def _check_loss(loss, torch) -> None:

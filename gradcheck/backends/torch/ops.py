@@ -115,7 +115,11 @@ def _tensors(a, b):
 
 def to_numpy(x) -> np.ndarray:
     if isinstance(x, torch.Tensor):
-        return x.detach().cpu().numpy()
+        if x.layout != torch.strided:  # nn.Embedding(sparse=True)'s gradient: the same numbers, stored sparsely
+            x = x.to_dense()
+        # A ZeroTensor (torch's gradient through sgn, zero by declaration) holds no memory, which numpy needs made;
+        # a conjugate or negative view has a lazy bit numpy cannot read.
+        return x.detach().cpu().resolve_conj().resolve_neg().numpy(force=x._is_zerotensor())
     return np.asarray(x)
 
 

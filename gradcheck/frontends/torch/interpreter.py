@@ -412,9 +412,10 @@ def _arguments_from(args, kwargs, floats):
 def _to_numpy(v):
     import torch
 
-    if isinstance(v, torch.Tensor):
-        # A conjugate or negative view (an FFT's graph makes them) has a lazy bit numpy cannot read: resolved.
-        return v.detach().cpu().resolve_conj().resolve_neg().numpy().copy()
+    if isinstance(v, torch.Tensor):  # as the torch backend reads its tensors (a conjugate view an FFT makes ...)
+        from gradcheck.backends.torch import ops as torch_ops
+
+        return torch_ops.to_numpy(v).copy()
     if isinstance(v, (list, tuple)):
         return type(v)(_to_numpy(x) for x in v)
     return v

@@ -303,15 +303,7 @@ class Program:
                 # function is torch's there as everywhere, and torch's float64 forward computes it.
                 return self._select(training, self._call_torch_numpy(root, values, inputs, training))
         outs = self._call_graph(root, graph, values, inputs)
-        if backend == "tape":
-            # An output no leaf reaches (a piecewise-constant graph: floor, sign, a fill) comes out of the lowerings
-            # as numpy: a constant on the tape, whose gradient is zero there as on torch and jax.  The tape itself
-            # refuses a loss off the tape, which a user's own loss function gets by mistake (np.sum for ops.sum).
-            from gradcheck.backends.tape import tape
-
-            outs = [tape.Tensor(np.asarray(v)) if isinstance(v, (np.ndarray, np.generic)) and np.asarray(v).dtype.kind
-                    == "f" else v for v in outs]
-        return self._select(training, outs)
+        return self._select(training, [_on_the_tape(v) for v in outs] if backend == "tape" else outs)
 
     def _select(self, training: bool, leaves: list):
         names, floats = self._outputs[training]
@@ -470,6 +462,17 @@ class Program:
                 owner, field = owner_of(root, leaf.path)
                 setattr(owner, field, tvalues[leaf.path].cpu().numpy())
         return [v.detach().cpu().numpy() if isinstance(v, torch.Tensor) else v for v in leaves]
+
+
+def _on_the_tape(v):
+    """A float output no leaf reaches (a piecewise-constant graph: floor, sign, a fill) comes out of the lowerings as
+    numpy: on the tape, a constant, whose gradient is zero there as on torch and jax.  The tape itself refuses a loss
+    off the tape, which a user's own loss function gets by mistake (np.sum for ops.sum)."""
+    from gradcheck.backends.tape import tape
+
+    if isinstance(v, (np.ndarray, np.generic)) and np.asarray(v).dtype.kind == "f":
+        return tape.Tensor(np.asarray(v))
+    return v
 
 
 def _beyond(want: np.ndarray, got: np.ndarray, tol) -> str:
