@@ -15,13 +15,12 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("jax")
 
+from lowering_checks import ALL, assert_agree, assert_caught  # noqa: E402
 from torch import nn  # noqa: E402
 
 from gradcheck import ops  # noqa: E402
 from gradcheck.check.runner import RunOptions, run_case  # noqa: E402
 from gradcheck.frontends.torch import aten, from_torch  # noqa: E402
-
-ALL = ("tape", "torch", "jax")
 
 
 class _Op(nn.Module):
@@ -79,21 +78,11 @@ def _case(name):
     return from_torch(_Op(op, *consts), *(_t(v) for v in inputs), seed=0)
 
 
-def failing(res) -> str:
-    lines = [f"{leaf.path} [{leaf.role}] {leaf.verdict} blame={leaf.blame}: {leaf.message}"
-             for leaf in res.leaves if leaf.verdict not in ("agree", "vacuous")]
-    return "\n".join(lines + [f"{k}: {v}" for k, v in res.errors.items()] + res.notes)
-
-
 @pytest.mark.filterwarnings("ignore:overflow encountered in exp")  # isinf's infinities, made by exp
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_an_elementwise_op_is_lowered_and_agrees_on_every_backend(monkeypatch, name):
     monkeypatch.setenv("GRADCHECK_NO_CACHE", "1")
-    res = run_case(_case(name), RunOptions(backends=ALL))
-    assert not res.errors, failing(res)
-    assert not res.unavailable, res.unavailable
-    assert sorted(res.timings) == sorted(ALL), res.unavailable
-    assert res.verdict == "agree", failing(res)
+    assert_agree(run_case(_case(name), RunOptions(backends=ALL)))
 
 
 # Plausible bugs: each computes something smooth and finite, so only the node-by-node comparison finds it.
@@ -109,10 +98,7 @@ WRONG = {
 def test_a_wrong_lowering_is_caught_by_the_node_check_and_torch_is_not_blamed(monkeypatch, op):
     monkeypatch.setitem(aten.LOWERINGS, op, WRONG[op])
     monkeypatch.setenv("GRADCHECK_NO_CACHE", "1")
-    res = run_case(_case(op.split(".")[1]), RunOptions(backends=ALL))
-    assert set(res.unavailable) == {"tape", "jax"}, (res.unavailable, res.errors)
-    assert all(f"the lowering of {op} disagrees with torch's {op}" in why for why in res.unavailable.values())
-    assert not any("torch" in leaf.blame for leaf in res.leaves), failing(res)
+    assert_caught(run_case(_case(op.split(".")[1]), RunOptions(backends=ALL)), op)
 
 
 class _LdexpInt(nn.Module):

@@ -18,44 +18,16 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("jax")
 
+from lowering_checks import assert_agree, assert_caught, checked  # noqa: E402
 from torch import nn  # noqa: E402
 from torch.nn import functional as F  # noqa: E402
 
 from gradcheck import ops  # noqa: E402
-from gradcheck.check.runner import RunOptions, run_case  # noqa: E402
-from gradcheck.frontends.torch import aten, from_torch  # noqa: E402
-
-ALL = ("tape", "torch", "jax")
+from gradcheck.frontends.torch import aten  # noqa: E402
 
 
 def t(*shape, seed=0):
     return torch.randn(*shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
-
-
-def failing(res) -> str:
-    lines = [f"{leaf.path} [{leaf.role}] {leaf.verdict} blame={leaf.blame}: {leaf.message}"
-             for leaf in res.leaves if leaf.verdict not in ("agree", "vacuous")]
-    return "\n".join(lines + [f"{k}: {v}" for k, v in res.errors.items()] + res.notes)
-
-
-def assert_agree(res):
-    assert not res.errors, failing(res)
-    assert sorted(res.timings) == sorted(ALL), res.unavailable
-    assert not res.unavailable, res.unavailable
-    assert res.verdict == "agree", failing(res)
-
-
-def assert_caught(res, op):
-    """The wrong lowering is caught by the node-by-node check: the tape and jax cannot run, torch is not blamed."""
-    assert set(res.unavailable) == {"tape", "jax"}, (res.unavailable, res.errors)
-    assert all(f"the lowering of {op} disagrees with torch's {op}" in why for why in res.unavailable.values()), \
-        res.unavailable
-    assert not any("torch" in leaf.blame for leaf in res.leaves), failing(res)
-
-
-def _check(monkeypatch, module, *inputs):
-    monkeypatch.setenv("GRADCHECK_NO_CACHE", "1")  # captured again with the table as patched, not read back
-    return run_case(from_torch(module, *inputs, dtype="float64", seed=0), RunOptions(backends=ALL))
 
 
 # ---------------------------------------------------------------- resize_, resize_as_
@@ -108,7 +80,7 @@ def test_a_tensor_grown_by_resize_in_a_legacy_function_is_lowered_and_checked(mo
         else:
             monkeypatch.setitem(aten.LOWERINGS, op, lambda ctx, self, template, memory_format=None: _keeps_the_last(
                 ctx, self, ops.shape_of(template)))
-    res = _check(monkeypatch, Grown(how), t(2, 3), t(2, 4, seed=1))
+    res = checked(monkeypatch, Grown(how), t(2, 3), t(2, 4, seed=1))
     if wrong:
         assert_caught(res, op)
     else:
@@ -166,7 +138,7 @@ def test_ctc_loss_is_lowered_and_agrees_in_every_reduction_and_target_form(monke
     op = "aten._ctc_loss.Tensor"
     if wrong is not None:
         monkeypatch.setitem(aten.LOWERINGS, op, wrong(aten.LOWERINGS[op]))
-    res = _check(monkeypatch, CTC(), t(7, 3, 5))
+    res = checked(monkeypatch, CTC(), t(7, 3, 5))
     if wrong is not None:
         assert_caught(res, op)
     else:

@@ -16,14 +16,12 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("jax")
 
-from torch import nn  # noqa: E402
+from lowering_checks import Fn, assert_agree, assert_caught, checked  # noqa: E402
 from torch.nn import functional as F  # noqa: E402
 
 from gradcheck import ops  # noqa: E402
-from gradcheck.check.runner import RunOptions, run_case  # noqa: E402
-from gradcheck.frontends.torch import aten, from_torch  # noqa: E402
+from gradcheck.frontends.torch import aten  # noqa: E402
 
-ALL = ("tape", "torch", "jax")
 PADDINGS = (("zeros", False), ("border", True), ("reflection", False), ("reflection", True))
 
 
@@ -33,41 +31,6 @@ def t(*shape, seed=0, scale=1.0, low=None):
     if low is not None:
         return torch.rand(*shape, generator=g, dtype=torch.float64) * scale + low
     return torch.randn(*shape, generator=g, dtype=torch.float64) * scale
-
-
-class Fn(nn.Module):
-    def __init__(self, f):
-        super().__init__()
-        self.f = f
-
-    def forward(self, *xs):
-        return self.f(*xs)
-
-
-def failing(res) -> str:
-    lines = [f"{leaf.path} [{leaf.role}] {leaf.verdict} blame={leaf.blame}: {leaf.message}"
-             for leaf in res.leaves if leaf.verdict not in ("agree", "vacuous")]
-    return "\n".join(lines + [f"{k}: {v}" for k, v in res.errors.items()] + res.notes)
-
-
-def assert_agree(res):
-    assert not res.errors, failing(res)
-    assert sorted(res.timings) == sorted(ALL), res.unavailable
-    assert not res.unavailable, res.unavailable
-    assert res.verdict == "agree", failing(res)
-
-
-def assert_caught(res, op):
-    """The wrong lowering is caught by the node-by-node check: the tape and jax cannot run, torch is not blamed."""
-    assert set(res.unavailable) == {"tape", "jax"}, (res.unavailable, res.errors)
-    assert all(f"the lowering of {op} disagrees with torch's {op}" in why for why in res.unavailable.values()), \
-        res.unavailable
-    assert not any("torch" in leaf.blame for leaf in res.leaves), failing(res)
-
-
-def _check(monkeypatch, module, *inputs):
-    monkeypatch.setenv("GRADCHECK_NO_CACHE", "1")  # captured again with the table as patched, not read back
-    return run_case(from_torch(module, *inputs, dtype="float64", seed=0), RunOptions(backends=ALL))
 
 
 def _every_padding(mode):
@@ -92,7 +55,7 @@ def test_bicubic_grid_sampling_agrees_in_every_padding_mode(monkeypatch, wrong):
     if wrong:  # Keys' a = -0.5 (antialiased resizing's) where torch's grid sampler takes -0.75
         monkeypatch.setitem(aten.LOWERINGS, op, lambda ctx, x, g, mode, padding, corners: aten._grid_sample_bicubic(
             x, g, padding, corners, a=-0.5))
-    res = _check(monkeypatch, _every_padding("bicubic"), t(1, 2, 4, 5), t(1, 3, 4, 2, seed=1, low=-1.6, scale=3.2))
+    res = checked(monkeypatch, _every_padding("bicubic"), t(1, 2, 4, 5), t(1, 3, 4, 2, seed=1, low=-1.6, scale=3.2))
     if wrong:
         assert_caught(res, op)
     else:
@@ -109,7 +72,7 @@ def test_volumetric_grid_sampling_agrees_in_every_padding_mode(monkeypatch, wron
     trilinear = _every_padding("bilinear")
     module = Fn(lambda x, g: trilinear(x, g).sum((2, 3, 4)) + F.grid_sample(
         x, fixed, mode="nearest", padding_mode="reflection", align_corners=True).sum((2, 3, 4)))
-    res = _check(monkeypatch, module, t(1, 2, 3, 4, 5), t(1, 2, 3, 2, 3, seed=1, low=-1.6, scale=3.2))
+    res = checked(monkeypatch, module, t(1, 2, 3, 4, 5), t(1, 2, 3, 2, 3, seed=1, low=-1.6, scale=3.2))
     if wrong:
         assert_caught(res, op)
     else:
@@ -130,7 +93,7 @@ def test_antialiased_bicubic_resizing_agrees_down_and_up(monkeypatch, wrong):
     op = "aten._upsample_bicubic2d_aa.default"
     if wrong:  # the triangle filter, two taps wide, where torch's is the cubic one, four wide
         monkeypatch.setitem(aten.LOWERINGS, op, aten.LOWERINGS["aten._upsample_bilinear2d_aa.default"])
-    res = _check(monkeypatch, Fn(_resized), t(1, 2, 7, 6))
+    res = checked(monkeypatch, Fn(_resized), t(1, 2, 7, 6))
     if wrong:
         assert_caught(res, op)
     else:

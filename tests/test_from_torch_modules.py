@@ -19,6 +19,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("jax")
 
+from lowering_checks import Fn  # noqa: E402
 from torch import nn  # noqa: E402
 from torch.nn import functional as F  # noqa: E402
 
@@ -27,17 +28,6 @@ from gradcheck.check.runner import RunOptions, run_case  # noqa: E402
 from gradcheck.frontends.torch import aten, from_torch, interpreter  # noqa: E402
 
 ALL = ("tape", "torch", "jax")
-
-
-class Fn(nn.Module):
-    """A forward of torch functions, as a model's own ``forward`` would call them."""
-
-    def __init__(self, f):
-        super().__init__()
-        self.f = f
-
-    def forward(self, *xs):
-        return self.f(*xs)
 
 
 class OverlappingChunks(nn.Module):

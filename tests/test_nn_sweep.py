@@ -29,6 +29,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("jax")
 
+from lowering_checks import Fn  # noqa: E402
 from torch import nn  # noqa: E402
 from torch.nn import functional as F  # noqa: E402
 
@@ -52,17 +53,6 @@ def t(*shape, seed=0, scale=1.0, low=None):
 
 def ints(*values):
     return torch.tensor(values, dtype=torch.long)
-
-
-class Fn(nn.Module):
-    """A functional call as a module's forward: the function is the thing checked."""
-
-    def __init__(self, f):
-        super().__init__()
-        self.f = f
-
-    def forward(self, *xs):
-        return self.f(*xs)
 
 
 class Against(nn.Module):
